@@ -1,0 +1,154 @@
+"""`kernelgate doctor | run | bench | check`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _apply_common(args) -> None:
+    if getattr(args, "platform", None):
+        os.environ["KERNELGATE_PLATFORM"] = args.platform
+    if getattr(args, "force", None):
+        prev = os.environ.get("KERNELGATE_FORCE", "")
+        os.environ["KERNELGATE_FORCE"] = ",".join(filter(None, [prev, *args.force]))
+    from . import registry
+    registry.refresh()
+    registry.parse_overrides(os.environ.get("KERNELGATE_FORCE", ""))  # unknown names fail now
+
+
+def doctor_report() -> dict:
+    from . import platform, registry
+    plat = platform.current()
+    report = {"platform": plat.as_dict(), "ops": {}}
+    for name, op in sorted(registry.ops().items()):
+        rows = op.explain()
+        chosen = next((i.name for i, r in rows if r is None), None)
+        report["ops"][name] = {
+            "chosen": chosen,
+            "implementations": [
+                {"name": i.name, "provider": i.provider, "priority": i.priority,
+                 "platforms": sorted(i.platforms), "chosen": r is None, "reason": r}
+                for i, r in rows],
+        }
+    return report
+
+
+def doctor(args) -> int:
+    report = doctor_report()
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    p = report["platform"]
+    sim = f" (simulated; real: {p['real']})" if p["simulated"] else ""
+    print(f"platform  {p['platform']}{sim}   device {p['device']} {p['device_name'] or ''} {p['capability'] or ''}")
+    print(f"triton    {p['triton']}   side streams: {'yes' if p['streams'] else 'no'}")
+    print("libraries " + ", ".join(f"{k}: {v}" for k, v in p["libraries"].items()))
+    print()
+    print(f"{'op':<36} {'implementation':<22} {'provider':<12} reason")
+    for name, entry in report["ops"].items():
+        for i, impl in enumerate(entry["implementations"]):
+            mark = "-> " if impl["chosen"] else "   "
+            reason = "chosen" if impl["chosen"] else impl["reason"]
+            print(f"{name if i == 0 else '':<36} {mark}{impl['name']:<19} {impl['provider']:<12} {reason}")
+    return 0
+
+
+def bench(args) -> int:
+    from . import benchmark, registry
+    names = sorted(registry.ops()) if args.op == "all" else [args.op]
+    for name in names:
+        result = benchmark.run(name, cases=args.case, compile_native=not args.no_compile, impls=args.impl)
+        j, m = benchmark.write(result, args.out)
+        print(benchmark.markdown(result))
+        print(f"wrote {j} and {m}")
+    return 0
+
+
+def check(args) -> int:
+    import torch
+
+    from . import platform, registry
+    from .testing import check_impl
+    device = platform.default_device()
+    failed = passed = skipped = 0
+    for name, op in sorted(registry.ops().items()):
+        if args.op and name not in args.op:
+            continue
+        for impl in op.impls.values():
+            if impl.name == "native":
+                continue
+            for case in op.cases():
+                for dtype in case.dtypes:
+                    label = f"{name}/{impl.name}/{case.id}/{str(dtype)[6:]}"
+                    try:
+                        skip = check_impl(op, impl, case, dtype, device)
+                    except AssertionError as e:
+                        failed += 1
+                        print(f"FAIL {label}: {e}")
+                        continue
+                    if skip:
+                        skipped += 1
+                        if args.verbose:
+                            print(f"skip {label}: {skip}")
+                    else:
+                        passed += 1
+                        if args.verbose:
+                            print(f"ok   {label}")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    del torch
+    return 1 if failed else 0
+
+
+def run(args) -> int:
+    from .runtime import main as run_main
+    return run_main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kernelgate", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--platform", help="simulate a platform for dispatch (cuda, rocm, xpu, npu, mps, cpu)")
+        p.add_argument("--force", action="append", metavar="OP=IMPL", help="force an implementation (repeatable)")
+
+    p = sub.add_parser("doctor", help="show the implementation chosen for every op, and why not the others")
+    common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=doctor)
+
+    p = sub.add_parser("bench", help="time every implementation of an op on this device")
+    common(p)
+    p.add_argument("op", help="op name, or 'all'")
+    p.add_argument("--case", action="append", help="only this bench case (repeatable)")
+    p.add_argument("--impl", action="append", help="only this implementation (repeatable)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile of the native reference")
+    p.add_argument("--out", default="bench/results", help="folder for JSON + markdown")
+    p.set_defaults(fn=bench)
+
+    p = sub.add_parser("check", help="run every implementation against the native reference")
+    common(p)
+    p.add_argument("op", nargs="*")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(fn=check)
+
+    p = sub.add_parser("run", help="load a model (default: a built-in small Kimi-Linear-shaped one) and generate")
+    common(p)
+    from .runtime import add_arguments
+    add_arguments(p)
+    p.set_defaults(fn=run)
+
+    args = ap.parse_args(argv)
+    from .platform import KernelgateError
+    try:
+        _apply_common(args)
+        return args.fn(args)
+    except KernelgateError as e:
+        print(f"kernelgate: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

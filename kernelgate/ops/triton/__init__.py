@@ -1,0 +1,1 @@
+"""Portable Triton kernels, one file per op family; imported lazily by the registry."""

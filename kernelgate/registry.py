@@ -1,0 +1,381 @@
+"""The op registry: declarations instead of platform branches.
+
+An `Op` is declared once with its native PyTorch reference (the definition of the math).
+Implementations declare where they run (platforms), what they need (Triton, a library),
+which dtypes they take, a per-call `supports(...) -> None | reason`, an optional argument
+adapter, and a priority. A call picks, per (platform, argument signature):
+
+    forced override  >  highest priority implementation that accepts the call  >  native
+
+and caches the choice, so the steady-state cost is one tuple build and one dict lookup.
+Every rejection carries a human reason; falling back from an implementation declared for
+this platform warns once per (op, implementation, reason).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import platform as _platform
+from .platform import KernelgateError, Platform
+
+ALL_PLATFORMS = frozenset(_platform.PLATFORMS)
+GPU_TRITON = frozenset({"cuda", "rocm", "xpu"})  # portable Triton: declare for all three
+
+
+class FallbackWarning(UserWarning):
+    """An implementation declared for this platform could not run; a slower one was used."""
+
+
+@dataclass
+class Impl:
+    op: "Op"
+    name: str
+    provider: str
+    fn: Callable | str                 # callable, or "module:attr" imported on first use
+    platforms: frozenset
+    dtypes: frozenset | None = None    # accepted dtypes of the op's dtype argument; None = any
+    requires: tuple = ()               # "triton", "triton-compiled", or a library in platform.LIBRARIES
+    supports: Callable | None = None   # (*args, **kwargs) -> None | reason
+    adapt: Callable | None = None      # (args, kwargs) -> (args, kwargs), e.g. upcast a bias at the call
+    priority: int = 0
+    doc: str = ""
+    _resolved: Any = field(default=None, repr=False)
+    _resolve_error: str | None = field(default=None, repr=False)
+
+    def resolve(self) -> Callable | None:
+        if self._resolved is None and self._resolve_error is None:
+            if callable(self.fn):
+                self._resolved = self.fn
+            else:
+                module, _, attr = self.fn.partition(":")
+                try:
+                    self._resolved = getattr(importlib.import_module(module), attr)
+                except Exception as e:  # noqa: BLE001 - a broken optional module is a reason
+                    self._resolve_error = f"{module} does not import ({type(e).__name__}: {e})"
+        return self._resolved
+
+    def unavailable(self, plat: Platform) -> str | None:
+        """Why this implementation cannot run on this machine at all (None if it can)."""
+        for req in self.requires:
+            if req == "triton":
+                if plat.triton:
+                    return f"Triton unusable: {plat.triton}"
+            elif req == "triton-compiled":
+                if plat.triton:
+                    return f"Triton unusable: {plat.triton}"
+                if plat.triton_mode != "compiled":
+                    return "needs compiled Triton on a GPU (its kernels autotune, which the interpreter cannot)"
+            else:
+                reason = _platform.library_reason(req)
+                if reason:
+                    return reason
+        if self.resolve() is None:
+            return self._resolve_error
+        return None
+
+    def rejects(self, plat: Platform, args: tuple, kwargs: dict, forced: bool = False) -> str | None:
+        """Why this implementation is not used for this call (None if it can be)."""
+        if not forced and plat.name not in self.platforms:
+            return f"not declared for {plat.name} (declared: {', '.join(sorted(self.platforms))})"
+        reason = self.unavailable(plat)
+        if reason:
+            return reason
+        if self.dtypes is not None:
+            dt = self.op.dtype_of(args, kwargs)
+            if dt is not None and dt not in self.dtypes:
+                names = ", ".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
+                return f"dtype {str(dt).replace('torch.', '')} not supported (takes {names})"
+        if self.supports is not None and args is not None:
+            return self.supports(*args, **kwargs)
+        return None
+
+    def callable(self) -> Callable:
+        fn = self.resolve()
+        if self.adapt is None:
+            return fn
+        adapt = self.adapt
+
+        def adapted(*args, **kwargs):
+            args, kwargs = adapt(args, kwargs)
+            return fn(*args, **kwargs)
+        return adapted
+
+
+@dataclass
+class Case:
+    """A parity/bench input: `make(device, dtype, generator) -> (args, kwargs)`."""
+    id: str
+    make: Callable
+    dtypes: tuple = (torch.float32, torch.bfloat16)
+    bytes: Callable | None = None      # (args, kwargs) -> bytes the op must move (bench)
+
+
+DEFAULT_RTOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+class Op:
+    def __init__(self, name: str, reference: Callable, *, validate: Callable | None = None,
+                 dtype_arg: str | None = None, mutates: tuple = (), rtol: dict | None = None,
+                 compare: Callable | None = None, cases: Callable | None = None,
+                 bench_cases: Callable | None = None, doc: str = ""):
+        self.name = name
+        self.reference = reference
+        self.signature = inspect.signature(reference)
+        self.params = list(self.signature.parameters)
+        self.validate = validate
+        self.dtype_arg = dtype_arg or self.params[0]
+        self._dtype_pos = self.params.index(self.dtype_arg)
+        self.mutates = mutates
+        self.rtol = {**DEFAULT_RTOL, **(rtol or {})}
+        self.compare = compare
+        self.cases = cases or (lambda: [])
+        self.bench_cases = bench_cases or (lambda: [])
+        self.doc = doc or (reference.__doc__ or "").strip().splitlines()[0] if (doc or reference.__doc__) else ""
+        self.impls: dict[str, Impl] = {}
+        self._cache: dict = {}
+        self.implementation("native", reference, provider="native", platforms=ALL_PLATFORMS,
+                            priority=-1_000_000, doc="PyTorch reference (definition of the op)")
+
+    def __repr__(self):
+        return f"Op({self.name}: {', '.join(self.impls)})"
+
+    # -- declaration ---------------------------------------------------------------
+    def implementation(self, name: str, fn: Callable | str, *, provider: str, platforms,
+                       dtypes=None, requires=(), supports=None, adapt=None, priority: int = 0,
+                       doc: str = "") -> Impl:
+        if name in self.impls:
+            raise KernelgateError(f"{self.name}: implementation {name!r} registered twice")
+        impl = Impl(self, name, provider, fn, frozenset(platforms),
+                    frozenset(dtypes) if dtypes is not None else None, tuple(requires),
+                    supports, adapt, priority, doc)
+        self.impls[name] = impl
+        self._cache.clear()
+        return impl
+
+    def dtype_of(self, args: tuple, kwargs: dict):
+        a = args[self._dtype_pos] if len(args) > self._dtype_pos else kwargs.get(self.dtype_arg)
+        return a.dtype if isinstance(a, torch.Tensor) else None
+
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        """Arguments by name, defaults applied (for checks, tests and adapters)."""
+        try:
+            ba = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise KernelgateError(f"{self.name}: {e}") from None
+        ba.apply_defaults()
+        return dict(ba.arguments)
+
+    # -- selection -----------------------------------------------------------------
+    def ranked(self) -> list[Impl]:
+        return sorted(self.impls.values(), key=lambda i: -i.priority)
+
+    def explain(self, args: tuple | None = None, kwargs: dict | None = None,
+                plat: Platform | None = None) -> list[tuple[Impl, str | None]]:
+        """Every implementation with the reason it is not chosen; the chosen one has None.
+
+        Without arguments only the static facts (platform, libraries, Triton) are checked.
+        """
+        plat = plat or _platform.current()
+        kwargs = kwargs or {}
+        forced = _forced().get(self.name)
+        rows, chosen = [], None
+        for impl in self.ranked():
+            if forced is not None and impl.name != forced:
+                rows.append((impl, f"override forces {forced}"))
+                continue
+            reason = impl.rejects(plat, args, kwargs, forced=forced is not None)
+            if reason is None and chosen is not None:
+                reason = f"lower priority than {chosen.name}"
+            if reason is None:
+                chosen = impl
+            rows.append((impl, reason))
+        return rows
+
+    def select(self, args: tuple, kwargs: dict, plat: Platform | None = None) -> Impl:
+        plat = plat or _platform.current()
+        if self.validate is not None:
+            self.validate(*args, **kwargs)
+        forced = _forced().get(self.name)
+        if forced is not None:
+            impl = self.impls[forced]
+            reason = impl.rejects(plat, args, kwargs, forced=True)
+            if reason:
+                raise KernelgateError(f"{self.name}: forced implementation {forced!r} cannot run this call: {reason}")
+            return impl
+        skipped = []
+        for impl in self.ranked():
+            reason = impl.rejects(plat, args, kwargs)
+            if reason is None:
+                for other, why in skipped:
+                    if plat.name in other.platforms:
+                        _warn_once(self.name, other.name, impl.name, why)
+                return impl
+            skipped.append((impl, reason))
+        raise KernelgateError(f"{self.name}: no implementation accepts this call: "
+                              + "; ".join(f"{i.name}: {r}" for i, r in skipped))
+
+    def _miss(self, key, args, kwargs):
+        impl = self.select(args, kwargs)
+        fn = impl.callable()
+        if key is not None:
+            self._cache[key] = fn
+        _trace(self.name, impl)
+        return fn
+
+    def __call__(self, *args, **kwargs):
+        # Key: device of the first argument, then dtype+shape of each tensor and every
+        # other argument as it is. Everything validation and `supports` look at is
+        # derived from these, so checks run only on a cache miss.
+        key = [args[0].device if args and isinstance(args[0], torch.Tensor) else None]
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                key.append(a.dtype)
+                key.append(a.shape)
+            else:
+                key.append(a)
+        if kwargs:
+            for k, a in kwargs.items():
+                key.append(k)
+                if isinstance(a, torch.Tensor):
+                    key.append(a.dtype)
+                    key.append(a.shape)
+                else:
+                    key.append(a)
+        key = tuple(key)
+        try:
+            fn = self._cache[key]
+        except KeyError:
+            fn = self._miss(key, args, kwargs)
+        except TypeError:  # an unhashable argument: decide every call
+            fn = self._miss(None, args, kwargs)
+        return fn(*args, **kwargs)
+
+    def impl(self, name: str) -> Impl:
+        try:
+            return self.impls[name]
+        except KeyError:
+            raise KernelgateError(f"{self.name}: unknown implementation {name!r} "
+                                  f"(registered: {', '.join(self.impls)})") from None
+
+
+# -- the registry ------------------------------------------------------------------
+OPS: dict[str, Op] = {}
+
+
+def declare(name: str, reference: Callable, **kw) -> Op:
+    if name in OPS:
+        raise KernelgateError(f"op {name!r} declared twice")
+    op = Op(name, reference, **kw)
+    OPS[name] = op
+    return op
+
+
+def ops() -> dict[str, Op]:
+    from . import ops as _ops  # noqa: F401 - importing declares every op
+    return OPS
+
+
+def get(name: str) -> Op:
+    all_ops = ops()
+    if name not in all_ops:
+        raise KernelgateError(f"unknown op {name!r} (registered: {', '.join(sorted(all_ops))})")
+    return all_ops[name]
+
+
+def clear_caches() -> None:
+    for op in OPS.values():
+        op._cache.clear()
+
+
+_platform._listeners.append(clear_caches)
+
+
+# -- overrides ---------------------------------------------------------------------
+_api_forced: dict[str, str] = {}
+_forced_cache: list[dict] = []
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """'op=impl,op2=impl2' -> dict; an unknown op or implementation is an error."""
+    out = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        op_name, eq, impl_name = item.partition("=")
+        if not eq or not op_name.strip() or not impl_name.strip():
+            raise KernelgateError(f"override {item!r}: expected 'op=implementation'")
+        op = get(op_name.strip())
+        out[op.name] = op.impl(impl_name.strip()).name
+    return out
+
+
+def _forced() -> dict[str, str]:
+    if not _forced_cache:
+        env = parse_overrides(os.environ.get("KERNELGATE_FORCE", ""))
+        _forced_cache.append({**env, **_api_forced})
+    return _forced_cache[0]
+
+
+def force(op_name: str, impl_name: str | None) -> None:
+    """Force `op_name` to `impl_name` (None removes the override)."""
+    if impl_name is None:
+        _api_forced.pop(op_name, None)
+    else:
+        op = get(op_name)
+        _api_forced[op.name] = op.impl(impl_name).name
+    refresh()
+
+
+@contextlib.contextmanager
+def forcing(overrides: dict[str, str] | str):
+    """Temporarily force implementations: `with forcing({"gated_rms_norm": "triton"}): ...`."""
+    if isinstance(overrides, str):
+        overrides = parse_overrides(overrides)
+    saved = dict(_api_forced)
+    try:
+        for k, v in overrides.items():
+            force(k, v)
+        yield
+    finally:
+        _api_forced.clear()
+        _api_forced.update(saved)
+        refresh()
+
+
+def refresh() -> None:
+    """Re-read overrides and the platform; drop cached choices."""
+    _forced_cache.clear()
+    _platform.refresh()
+
+
+# -- warnings and trace -------------------------------------------------------------
+_warned: set = set()
+
+
+def _warn_once(op: str, skipped: str, used: str, reason: str) -> None:
+    key = (op, skipped, reason)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"kernelgate: {op} falls back from {skipped} to {used}: {reason}",
+                      FallbackWarning, stacklevel=4)
+
+
+_plan: dict[str, dict[str, int]] = {}
+
+
+def _trace(op: str, impl: Impl) -> None:
+    counts = _plan.setdefault(op, {})
+    counts[impl.name] = counts.get(impl.name, 0) + 1
+    if os.environ.get("KERNELGATE_TRACE"):
+        print(f"[kernelgate] {op} -> {impl.name} ({impl.provider}) on {_platform.current().name}")
+
+
+def plan() -> dict[str, list[str]]:
+    """Which implementations each op dispatched to so far (distinct signatures counted)."""
+    return {op: sorted(c) for op, c in sorted(_plan.items())}
