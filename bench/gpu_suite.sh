@@ -2,8 +2,9 @@
 # One device call: correctness on the GPU first, then every benchmark. Results under $OUT (or bench/results).
 # Usage on the GPU machine (repo root): bash bench/gpu_suite.sh [parity|bench|all] [op ...]
 set -uo pipefail
-OUT=${OUT:-bench/results}
-mkdir -p "$OUT"
+DEST=${OUT:-bench/results}
+OUT=$(mktemp -d)   # many files: packed into $DEST/results.tgz at the end
+mkdir -p "$DEST"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -26,3 +27,5 @@ if [[ $what == bench || $what == all ]]; then
     timeout 300 python3 -m kernelgate bench "$op" --out "$OUT" 2>&1 | grep -v "^wrote" | tee -a "$OUT/bench.txt"
   done
 fi
+tar czf "$DEST/results.tgz" -C "$OUT" .
+cat "$OUT"/*.md > "$DEST/summary.md" 2>/dev/null || true
