@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks
+from .. import checks, platform
 from ..registry import GPU_TRITON, Case, declare
 
 ACTIVATIONS = ("sigmoid", "silu", "swish")
@@ -99,6 +99,7 @@ def cases():
         _case((9,), 60, prenorm=True),
         _case((31,), 200, gate=False),
         _case((2,), 4096),
+        _case((3,), 9000, residual=True, prenorm=True, nbg=False, act="silu"),  # wider than one block
     ]
 
 
@@ -109,6 +110,9 @@ def _bytes(args, kwargs):
 
 
 def bench_cases():
+    """The H200 targets (1M x 128: KDA output norm per head; 65536 x 4096: a wide hidden norm)
+    and a decode-sized 2048 x 128 (batch 64 x 32 heads), which is launch-bound on a GPU and
+    small enough for `kernelgate bench gated_rms_norm --case 2048x128` on a CPU."""
     def make(rows, D):
         def f(device, dtype, gen):
             x = torch.randn(rows, D, device=device, dtype=dtype)
@@ -117,8 +121,67 @@ def bench_cases():
             return (x, w, g), dict(eps=1e-6)
         return f
     return [Case(f"{r}x{d}", make(r, d), dtypes=(torch.bfloat16,), bytes=_bytes)
-            for r, d in ((1 << 20, 128), (65536, 4096))]
+            for r, d in ((1 << 20, 128), (65536, 4096), (2048, 128))]
 
 
 gated_rms_norm = declare(OP, gated_rms_norm_native, validate=validate, cases=cases,
                          bench_cases=bench_cases)
+
+
+# -- implementations ---------------------------------------------------------------------
+def _compiled_needs_gpu(x, *args, **kwargs):
+    # Compiled Triton launches on GPU tensors only; CPU tensors need TRITON_INTERPRET=1.
+    if x.device.type == "cpu" and not platform.interpreting():
+        return "x is a CPU tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
+    return None
+
+
+gated_rms_norm.implementation(
+    "triton", "kernelgate.ops.triton.gated_rms_norm:gated_rms_norm_triton", provider="triton",
+    platforms=GPU_TRITON, dtypes=checks.FLOATS, requires=("triton",), supports=_compiled_needs_gpu,
+    priority=10, doc="portable Triton kernel, full contract (groups, both gate orders, prenorm)")
+
+
+# fla's rms_norm_gated reads each row as one block of at most 64 KB.
+_FLA_MAX_ROW_BYTES = 65536
+
+
+def _fla_supports(x, weight, gate=None, eps=1e-6, group_size=None, norm_before_gate=True,
+                  activation="sigmoid", bias=None, residual=None, prenorm=False, residual_in_fp32=False):
+    """Where fla-core 0.6's rms_norm_gated computes something else than this op (or cannot run)."""
+    D = x.shape[-1]
+    if gate is None:
+        return "gate=None (plain RMSNorm): fla's rms_norm_gated always reads a gate"
+    if group_size is not None and group_size != D:
+        return f"group_size={group_size}: fla normalises whole rows only"
+    if not norm_before_gate:
+        return "norm_before_gate=False: fla gates after the norm only"
+    if prenorm and residual is not None and residual_in_fp32 and residual.dtype != torch.float32:
+        return (f"residual_in_fp32 with a {str(residual.dtype)[6:]} residual: fla returns the residual "
+                "in the residual's dtype")
+    if D * x.element_size() > _FLA_MAX_ROW_BYTES:
+        return f"row of {D} x {x.element_size()} bytes exceeds fla's 64 KB per-row block"
+    if x.device.type == "cpu":
+        return "x is a CPU tensor: fla's kernels autotune and need a GPU"
+    return None
+
+
+def gated_rms_norm_fla(x, weight, gate=None, eps=1e-6, group_size=None, norm_before_gate=True,
+                       activation="sigmoid", bias=None, residual=None, prenorm=False,
+                       residual_in_fp32=False):
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    # fla's argument order is (x, g, weight, bias, activation, residual, prenorm, residual_in_fp32, eps);
+    # it takes "sigmoid", "silu" and "swish" like this op.
+    out = rms_norm_gated(x, gate, weight, bias, activation=activation, residual=residual,
+                         prenorm=prenorm, residual_in_fp32=residual_in_fp32, eps=eps)
+    if prenorm and out[1] is x:
+        # Without residual fla hands back x itself as the residual stream; return a copy so
+        # the output never aliases an input.
+        out = (out[0], x.clone())
+    return out
+
+
+gated_rms_norm.implementation(
+    "fla", gated_rms_norm_fla, provider="fla", platforms=GPU_TRITON, dtypes=checks.FLOATS,
+    requires=("fla", "triton-compiled"), supports=_fla_supports, priority=5,
+    doc="fla-core rms_norm_gated (whole-row norm, then gate)")
