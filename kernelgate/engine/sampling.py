@@ -1,0 +1,71 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seed.
+
+Each request owns its generator, so the tokens it draws do not depend on which other
+requests share the batch. temperature <= 0 is greedy (argmax).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..platform import KernelgateError
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_k: int = 0                   # 0 = off
+    top_p: float = 1.0               # 1.0 = off
+    seed: int | None = None
+    stop_token_ids: tuple = field(default_factory=tuple)
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise KernelgateError(f"generate: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise KernelgateError(f"generate: temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise KernelgateError(f"generate: top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise KernelgateError(f"generate: top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0 or self.top_k == 1
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """logits [V] fp32 -> temperature-scaled logits with tokens outside top-k / top-p at -inf."""
+    x = logits / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p (the first always stays)
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        x = x.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return x
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+    """logits [N, V] fp32, one row per request -> N token ids."""
+    out = logits.argmax(dim=-1).tolist()
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
+        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out
+
+
+def make_generator(seed: int | None, device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g

@@ -1,0 +1,153 @@
+"""Kimi Linear configuration: one dataclass read from either spelling of `config.json`.
+
+The released checkpoints (moonshotai/Kimi-Linear-*) and HF transformers' `KimiLinearConfig`
+name the same fields differently (`num_experts` / `num_local_experts`, ...); both are read.
+Layer kinds come from `layer_types` (HF) or `linear_attn_config.kda_layers` /
+`full_attn_layers` (released, 1-indexed); MLP kinds from `mlp_layer_types` (HF) or
+`first_k_dense_replace` (+ `moe_layer_freq`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..platform import KernelgateError
+
+# (our field, names it may have in config.json, first found wins)
+_ALIASES = {
+    "num_experts": ("num_experts", "num_local_experts"),
+    "num_experts_per_token": ("num_experts_per_token", "num_experts_per_tok"),
+    "num_shared_experts": ("num_shared_experts", "n_shared_experts"),
+    "n_group": ("num_expert_group", "n_group"),
+    "moe_renormalize": ("moe_renormalize", "norm_topk_prob"),
+    "scoring": ("moe_router_activation_func",),
+}
+
+
+@dataclass
+class KimiLinearConfig:
+    vocab_size: int = 163840
+    hidden_size: int = 2304
+    intermediate_size: int = 9216          # dense MLP of the first layer(s)
+    moe_intermediate_size: int = 1024
+    num_hidden_layers: int = 27
+    rms_norm_eps: float = 1e-5
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    # MLA (NoPE: the "rope" part of the key is shared across heads, no rotary applied)
+    num_attention_heads: int = 32
+    kv_lora_rank: int = 512
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    # KDA
+    linear_num_heads: int = 32
+    linear_head_dim: int = 128
+    conv_kernel_size: int = 4
+    # MoE
+    num_experts: int = 256
+    num_experts_per_token: int = 8
+    num_shared_experts: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    moe_renormalize: bool = True
+    routed_scaling_factor: float = 2.446
+    scoring: str = "sigmoid"
+    # per layer: "kda" | "mla", and "dense" | "moe"
+    layer_types: list = field(default_factory=list)
+    mlp_types: list = field(default_factory=list)
+    bos_token_id: int | None = None
+    eos_token_ids: list = field(default_factory=list)
+    dtype: str | None = None               # dtype the checkpoint was saved in
+
+    def __post_init__(self):
+        n = self.num_hidden_layers
+        if not self.layer_types:   # Kimi Linear's 3:1 pattern, MLA every 4th layer
+            self.layer_types = ["mla" if (i + 1) % 4 == 0 else "kda" for i in range(n)]
+        if not self.mlp_types:
+            self.mlp_types = ["dense" if i < 1 else "moe" for i in range(n)]
+        bad = [t for t in self.layer_types if t not in ("kda", "mla")]
+        if len(self.layer_types) != n or bad:
+            raise KernelgateError(f"config: layer_types must be {n} entries of 'kda'/'mla', got {self.layer_types}")
+        bad = [t for t in self.mlp_types if t not in ("dense", "moe")]
+        if len(self.mlp_types) != n or bad:
+            raise KernelgateError(f"config: mlp_types must be {n} entries of 'dense'/'moe', got {self.mlp_types}")
+        if self.num_experts % self.n_group:
+            raise KernelgateError(f"config: num_experts {self.num_experts} not divisible by n_group {self.n_group}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KimiLinearConfig":
+        kw = {}
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                     "num_hidden_layers", "rms_norm_eps", "hidden_act", "tie_word_embeddings",
+                     "num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+                     "qk_rope_head_dim", "v_head_dim", "topk_group", "routed_scaling_factor",
+                     "bos_token_id"):
+            if d.get(name) is not None or (name == "q_lora_rank" and name in d):
+                kw[name] = d[name]
+        for ours, names in _ALIASES.items():
+            for nm in names:
+                if d.get(nm) is not None:
+                    kw[ours] = d[nm]
+                    break
+        n = kw.get("num_hidden_layers", cls.num_hidden_layers)
+        lin = d.get("linear_attn_config") or {}
+        kw["linear_num_heads"] = lin.get("num_heads", d.get("linear_num_heads", cls.linear_num_heads))
+        kw["linear_head_dim"] = lin.get("head_dim", d.get("linear_head_dim", cls.linear_head_dim))
+        kw["conv_kernel_size"] = lin.get("short_conv_kernel_size",
+                                         d.get("linear_conv_kernel_dim", cls.conv_kernel_size))
+        if d.get("layer_types"):
+            kw["layer_types"] = [{"linear_attention": "kda", "full_attention": "mla"}.get(t, t)
+                                 for t in d["layer_types"]]
+        elif "kda_layers" in lin and "full_attn_layers" in lin:
+            types = [None] * n
+            for i in lin["kda_layers"]:   # 1-indexed in the checkpoint
+                types[i - 1] = "kda"
+            for i in lin["full_attn_layers"]:
+                types[i - 1] = "mla"
+            kw["layer_types"] = types
+        if d.get("mlp_layer_types"):
+            kw["mlp_types"] = [{"sparse": "moe"}.get(t, t) for t in d["mlp_layer_types"]]
+        else:
+            first_dense = d.get("first_k_dense_replace", 1)
+            freq = d.get("moe_layer_freq", 1) or 1
+            kw["mlp_types"] = ["moe" if i >= first_dense and i % freq == 0 else "dense" for i in range(n)]
+        eos = d.get("eos_token_id")
+        kw["eos_token_ids"] = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        kw["dtype"] = d.get("dtype") or d.get("torch_dtype")
+        return cls(**kw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "KimiLinearConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise KernelgateError(f"load_model: no config.json at {path}")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tiny(**overrides) -> KimiLinearConfig:
+    """The built-in small Kimi-Linear-shaped model (`kernelgate run` with no --model)."""
+    kw = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+              num_hidden_layers=4, num_attention_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
+              qk_rope_head_dim=16, v_head_dim=16, linear_num_heads=4, linear_head_dim=16,
+              num_experts=8, num_experts_per_token=2, eos_token_ids=[])
+    kw.update(overrides)
+    return KimiLinearConfig(**kw)
+
+
+def real_width(num_layers: int = 4, **overrides) -> KimiLinearConfig:
+    """Kimi-Linear-48B-A3B layer widths with `num_layers` layers (3:1 KDA:MLA), for benchmarks."""
+    kw = dict(num_hidden_layers=num_layers, vocab_size=163840)
+    kw.update(overrides)
+    return KimiLinearConfig(**kw)

@@ -1,0 +1,63 @@
+"""Kimi Delta Attention layer (the "linear attention" layers of Kimi Linear).
+
+    qkv = conv_silu([q|k|v](x))           short causal depthwise conv, per-sequence conv state
+    g   = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)         [T, H, K] fp32 log decay
+    beta = sigmoid(b(x))                                        [T, H]
+    o   = KDA(l2norm(q), l2norm(k), v, g, beta; state[slot])    [T, H, V]
+    out = o_proj(gated_rms_norm(o, o_norm, sigmoid gate g_b(g_a(x))))
+
+Prefill goes through `short_conv` + `kda_gate` + `kda_prefill` (varlen, cu_seqlens + slots);
+decode through `short_conv_update` + `kda_packed_decode` (gate, beta, l2norm, update and
+output in one op). The registry picks the kernels; nothing here looks at the platform.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import ops
+from .layers import _param
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(self, c, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        H, K, D = c.linear_num_heads, c.linear_head_dim, c.hidden_size
+        self.H, self.K, self.eps = H, K, c.rms_norm_eps
+        self.qkv_proj = nn.Linear(D, 3 * H * K, bias=False)        # q | k | v rows
+        self.conv1d = nn.Module()
+        self.conv1d.weight = _param(3 * H * K, c.conv_kernel_size)  # [3HK, W] depthwise taps
+        self.f_a_proj = nn.Linear(D, K, bias=False)
+        self.f_b_proj = nn.Linear(K, H * K, bias=False)
+        self.dt_bias = _param(H * K, dtype=torch.float32)
+        self.A_log = _param(H, dtype=torch.float32)
+        self.b_proj = nn.Linear(D, H, bias=False)
+        self.g_a_proj = nn.Linear(D, K, bias=False)
+        self.g_b_proj = nn.Linear(K, H * K, bias=False)
+        self.o_norm = nn.Module()
+        self.o_norm.weight = _param(K)
+        self.o_proj = nn.Linear(H * K, D, bias=False)
+
+    def forward(self, x: torch.Tensor, batch, pool) -> torch.Tensor:
+        """x [T, D] packed tokens of `batch`; state read from and written to `pool`."""
+        H, K = self.H, self.K
+        T = x.shape[0]
+        conv_state = pool.conv_state[self.layer_idx]                # [S, 3HK, W-1]
+        state = pool.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
+        mixed = self.qkv_proj(x)                                    # [T, 3HK]
+        f = self.f_b_proj(self.f_a_proj(x))                         # [T, HK] raw gate input
+        b = self.b_proj(x)                                          # [T, H] beta logits
+        if batch.decode:
+            qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
+            o = ops.kda_packed_decode(qkv, f, b, self.A_log, self.dt_bias, state, batch.slots, H, K)
+        else:
+            qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, batch.cu_seqlens,
+                                 batch.slots, "silu")
+            q, k, v = (t.reshape(T, H, K) for t in qkv.split(H * K, dim=-1))
+            g = ops.kda_gate(f, self.A_log, self.dt_bias)           # [T, H, K] fp32
+            o = ops.kda_prefill(q, k, v, g, torch.sigmoid(b.float()).to(x.dtype), state,
+                                batch.cu_seqlens, batch.slots)      # [T, H, V]
+        gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
+        o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
+        return self.o_proj(o.reshape(T, H * K))

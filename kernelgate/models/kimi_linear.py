@@ -1,0 +1,134 @@
+"""Kimi Linear: decoder of KDA and MLA layers (3:1) with dense-then-MoE MLPs.
+
+`model.step(tokens, batch, pool)` runs one engine step over a varlen batch (prefill or
+decode, states in a `StatePool`) and returns the logits of each sequence's last token;
+`model(token_ids[B, T])` is a plain full-sequence forward returning logits [B, T, V].
+Built only from registry ops and plain torch: no platform branch here.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..engine.batch import StepBatch
+from ..engine.state import StatePool
+from ..platform import KernelgateError
+from .config import KimiLinearConfig
+from .kda import KimiDeltaAttention
+from .layers import MLP, MoE, RMSNorm
+from .mla import MLAttention
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: KimiLinearConfig, i: int):
+        super().__init__()
+        self.self_attn = KimiDeltaAttention(c, i) if c.layer_types[i] == "kda" else MLAttention(c, i)
+        self.mlp = MoE(c) if c.mlp_types[i] == "moe" else MLP(c.hidden_size, c.intermediate_size)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, h, batch, pool):
+        h = h + self.self_attn(self.input_layernorm(h), batch, pool)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, c: KimiLinearConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class KimiLinearForCausalLM(nn.Module):
+    def __init__(self, config: KimiLinearConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tokenizer = None
+        self.requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_pool(self, num_slots: int, max_len: int) -> StatePool:
+        return StatePool(self.config, num_slots, max_len, self.device, self.dtype)
+
+    def hidden(self, tokens: torch.Tensor, batch: StepBatch, pool: StatePool) -> torch.Tensor:
+        """tokens [T] packed -> final normed hidden states [T, D]."""
+        h = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            h = layer(h, batch, pool)
+        return self.model.norm(h)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, batch: StepBatch, pool: StatePool) -> torch.Tensor:
+        """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
+        h = self.hidden(tokens, batch, pool)
+        return self.lm_head(h[batch.last_token_index]).float()
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [B, T] (each row one sequence, no padding) -> logits [B, T, V] in model dtype."""
+        if token_ids.dim() != 2 or token_ids.shape[1] == 0:
+            raise KernelgateError(f"KimiLinearForCausalLM: token_ids must be [B, T] with T >= 1, "
+                                  f"got shape {tuple(token_ids.shape)}")
+        B, T = token_ids.shape
+        token_ids = token_ids.to(self.device)
+        pool = self.new_pool(B, T)
+        batch = StepBatch.build([T] * B, [pool.alloc() for _ in range(B)], [0] * B, self.device)
+        if T == 1:   # a one-token forward is a prefill, not a decode step from existing state
+            batch.decode = False
+        h = self.hidden(token_ids.reshape(-1), batch, pool)
+        return self.lm_head(h).view(B, T, -1)
+
+
+def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.02) -> KimiLinearForCausalLM:
+    """Seeded random weights shaped like a trained checkpoint (norms ~1, KDA decay in range)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            val = 1 + 0.1 * torch.randn(p.shape, generator=g)
+        elif name.endswith("A_log"):
+            val = torch.empty(p.shape).uniform_(1, 16, generator=g).log()
+        elif name.endswith("dt_bias"):
+            dt = torch.empty(p.shape).uniform_(-6.9, -2.3, generator=g).exp()
+            val = dt + torch.log(-torch.expm1(-dt))                  # inverse softplus
+        elif name.endswith("e_score_correction_bias"):
+            val = 0.01 * torch.randn(p.shape, generator=g)
+        elif "conv1d" in name:
+            val = 0.3 * torch.randn(p.shape, generator=g)
+        else:
+            val = std * torch.randn(p.shape, generator=g)
+        p.copy_(val.to(p.dtype))
+    return model
+
+
+def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0):
+    """A model with `config`; seeded random weights unless seed is None (then uninitialised)."""
+    with torch.device("meta"):
+        model = KimiLinearForCausalLM(config)
+    model = model.to_empty(device=device or "cpu")
+    _cast(model, dtype)
+    if seed is not None:
+        with torch.no_grad():
+            random_weights(model, seed)
+    return model.eval()
+
+
+FP32_PARAMS = ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")
+
+
+def _cast(model: nn.Module, dtype: torch.dtype) -> None:
+    """Model dtype everywhere except router / decay parameters, which stay fp32 (as trained)."""
+    for name, p in model.named_parameters():
+        want = torch.float32 if name.endswith(FP32_PARAMS) else dtype
+        if p.dtype != want:
+            p.data = p.data.to(want)
+

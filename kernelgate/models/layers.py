@@ -1,0 +1,90 @@
+"""Norm, dense MLP and MoE blocks of Kimi Linear, built from registry ops and plain torch.
+
+Weights are plain parameters with the names `loader.py` produces; gate|up projections are
+stored fused ([2I, D]: gate rows first) so a block does one matmul per projection.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops, streams
+
+
+def _param(*shape, dtype=None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = _param(dim)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.gated_rms_norm(x, self.weight, None, self.eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)); the dense first layer(s) and the shared expert."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.inter = inter
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)   # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Router(nn.Module):
+    """fp32 router logits + biased grouped top-k (the bias stays fp32, never rounded)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = _param(c.num_experts, c.hidden_size, dtype=torch.float32)
+        self.e_score_correction_bias = _param(c.num_experts, dtype=torch.float32)
+        self.c = c
+
+    def forward(self, x: torch.Tensor):
+        c = self.c
+        logits = F.linear(x.float(), self.weight)                   # [T, E] fp32
+        return ops.biased_grouped_topk(logits, self.e_score_correction_bias, c.num_experts_per_token,
+                                       c.n_group, c.topk_group, c.moe_renormalize,
+                                       c.routed_scaling_factor, c.scoring)
+
+
+class Experts(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        E, D, I = c.num_experts, c.hidden_size, c.moe_intermediate_size
+        self.gate_up_proj = _param(E, 2 * I, D)                     # gate rows first, then up
+        self.down_proj = _param(E, D, I)
+
+
+class MoE(nn.Module):
+    """Routed experts + shared expert; the shared expert runs on a side stream where the
+    platform has one (kernelgate.streams), serially otherwise."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.gate = Router(c)
+        self.experts = Experts(c)
+        self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts) \
+            if c.num_shared_experts else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        side = streams.side_stream(x.device) if self.shared_experts is not None else None
+        shared = None
+        if self.shared_experts is not None:
+            with streams.on(side):
+                shared = self.shared_experts(x)                     # [T, D]
+        weights, ids = self.gate(x)                                 # [T, k] fp32, [T, k] int32
+        out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        if shared is not None:
+            streams.join(side)
+            out = out + shared
+        return out
