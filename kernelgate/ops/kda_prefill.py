@@ -165,3 +165,6 @@ def bench_cases():
 
 kda_prefill = declare(OP, kda_prefill_native, validate=validate, cases=cases, bench_cases=bench_cases,
                       mutates=("state",), rtol={torch.float32: 1e-4, torch.bfloat16: 2e-2})
+kda_prefill.implementation("fla", "kernelgate.ops.kda_fla:chunk_prefill", provider="fla", platforms=GPU_TRITON,
+                           requires=("fla", "triton-compiled"), priority=10,
+                           doc="fla chunk_kda, varlen, states gathered from / scattered to the slot pool")
