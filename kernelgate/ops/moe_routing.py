@@ -101,22 +101,12 @@ def validate(logits, bias, topk, n_group, topk_group, renormalize, routed_scalin
 SGL_MAX_VPT = 32
 
 
-def sgl_kernel_supports(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
-                        scoring="sigmoid", num_fused_shared_experts=0):
-    import inspect
-
-    import sgl_kernel
-
-    E = logits.shape[1]
-    gate = getattr(sgl_kernel, "moe_fused_gate", None)
-    if gate is None:
-        return "this sgl_kernel build has no moe_fused_gate"
-    try:
-        params = inspect.signature(gate).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "apply_routed_scaling_factor_on_output" not in params:
-        return "this sgl_kernel's moe_fused_gate predates apply_routed_scaling_factor_on_output (fixed 1/2.5 shared weight)"
+def sgl_kernel_limits(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
+                      scoring="sigmoid", num_fused_shared_experts=0):
+    """Why moe_fused_gate cannot route this call (None if it can); no import needed."""
+    T, E = logits.shape
+    if T == 0:
+        return "moe_fused_gate would launch an empty grid for an empty batch (T=0)"
     if scoring != "sigmoid":
         return f"moe_fused_gate scores with sigmoid only (scoring={scoring})"
     if not renormalize:
@@ -132,6 +122,23 @@ def sgl_kernel_supports(logits, bias, topk, n_group, topk_group, renormalize, ro
     if num_fused_shared_experts > 1:
         return f"moe_fused_gate fuses one shared slot (num_fused_shared_experts={num_fused_shared_experts})"
     return None
+
+
+def sgl_kernel_supports(*args, **kwargs):
+    import inspect
+
+    import sgl_kernel
+
+    gate = getattr(sgl_kernel, "moe_fused_gate", None)
+    if gate is None:
+        return "this sgl_kernel build has no moe_fused_gate"
+    try:
+        params = inspect.signature(gate).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "apply_routed_scaling_factor_on_output" not in params:
+        return "this sgl_kernel's moe_fused_gate predates apply_routed_scaling_factor_on_output (fixed 1/2.5 shared weight)"
+    return sgl_kernel_limits(*args, **kwargs)
 
 
 def sgl_kernel_adapt(args, kwargs):
