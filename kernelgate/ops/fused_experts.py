@@ -205,3 +205,8 @@ fused_experts.implementation(
     "grouped_mm", fused_experts_grouped_mm, provider="torch", platforms=("cuda", "cpu"),
     dtypes=(torch.float32, torch.bfloat16), supports=grouped_mm_supports, priority=5,
     doc="torch._grouped_mm grouped GEMM (CUTLASS on sm90; verified on CPU with torch 2.13)")
+
+fused_experts.implementation(
+    "triton", "kernelgate.ops.triton.fused_experts:fused_experts_triton", provider="triton",
+    platforms=GPU_TRITON, dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",),
+    priority=10, doc="portable Triton grouped GEMM: expert-sorted pairs, gate_up+SwiGLU, down+weight, sum over k")
