@@ -1,0 +1,47 @@
+"""Triton kernel: quantize indexer keys per token to fp8 and write them into the paged cache
+(layout in kernelgate/ops/fp8_paged_mqa.py). One program per BLOCK_T tokens."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...checks import require
+from .. import _fp8
+from ..fp8_paged_mqa import OP_STORE, cache_blocks
+from .indexer_fp8 import encode_e4m3
+
+BLOCK_T = 16
+
+
+@triton.jit
+def _k_store_kernel(k_ptr, slot_ptr, kv_ptr, kvs_ptr, T, s_k, block_size, blk_bytes, fmax,
+                    FNUZ: tl.constexpr, BLOCK_T: tl.constexpr):
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
+    keep = slot >= 0                                             # slot < 0: padding, skip
+    d = tl.arange(0, 128)
+    x = tl.load(k_ptr + tok.to(tl.int64)[:, None] * s_k + d[None, :], mask=keep[:, None], other=0.0)
+    x = x.to(tl.float32)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-4), fmax)          # [BLOCK_T]
+    y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -fmax), fmax)
+    blk = slot // block_size
+    off = slot % block_size
+    tl.store(kv_ptr + (blk * blk_bytes + off * 128)[:, None] + d[None, :], encode_e4m3(y, FNUZ),
+             mask=keep[:, None])
+    # the scales sit after the block's block_size * 128 code bytes; kvs_ptr is the fp32 view
+    tl.store(kvs_ptr + blk * (blk_bytes // 4) + block_size * 32 + off, scale, mask=keep)
+
+
+def indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):
+    require(k.stride(-1) == 1, OP_STORE, f"k must be contiguous in its last dim, got strides {k.stride()}")
+    T = k.shape[0]
+    if T == 0:
+        return None
+    kv = cache_blocks(kv_cache)
+    _, fmax = _fp8.FORMATS[fp8_format]
+    _k_store_kernel[(triton.cdiv(T, BLOCK_T),)](
+        k, slot_mapping, kv, kv.view(torch.float32), T, k.stride(0), block_size, kv.shape[1], fmax,
+        FNUZ=fp8_format == "e4m3fnuz", BLOCK_T=BLOCK_T, num_warps=4)
+    return None
+
