@@ -1,0 +1,46 @@
+"""Independent KDA references for the tests: fla-core's naive code and HF transformers'
+kimi_linear torch fallbacks (the undecorated functions, so no fla kernel is routed in)."""
+import functools
+
+import pytest
+import torch
+
+from kernelgate import platform, registry
+
+
+@functools.cache
+def hf():
+    mod = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+
+    def raw(f):
+        return getattr(f, "__wrapped__", f)
+    return dict(chunk=raw(mod.chunk_kimi_delta_attention), recurrent=raw(mod.recurrent_kimi_delta_attention),
+                conv_fn=raw(mod.causal_conv1d_fn), conv_update=raw(mod.causal_conv1d_update),
+                l2norm=mod.l2norm)
+
+
+def fla_naive():
+    return pytest.importorskip("fla.ops.kda.naive")
+
+
+def fla_gate():
+    return pytest.importorskip("fla.ops.kda.gate")
+
+
+def runnable(op_name):
+    """Implementations of an op that can run on this machine (platform declaration aside:
+    Triton kernels run on CPU tensors under TRITON_INTERPRET=1)."""
+    op = registry.get(op_name)
+    return [pytest.param(name, id=name) for name in op.impls]
+
+
+def call(op_name, impl_name, *args, **kwargs):
+    impl = registry.get(op_name).impls[impl_name]
+    why = impl.unavailable(platform.current())
+    if why:
+        pytest.skip(f"{impl_name}: {why}")
+    return impl.callable()(*args, **kwargs)
+
+
+def tol(dtype):
+    return 1e-4 if dtype == torch.float32 else 2e-2
