@@ -97,8 +97,12 @@ def load_weights(model: KimiLinearForCausalLM, folder: Path) -> None:
         recipes = _recipes(name, model.config)
         found = next((r for r in recipes if all(s in ckpt for s in r[0])), None)
         if found is None:
-            missing.append(name if recipes[0][0] == [name] else
-                           f"{name} (from {', '.join(s for s in recipes[0][0] if s not in ckpt)[:200]})")
+            # report against the layout the checkpoint is closest to; its present parts are not "unexpected"
+            best = max(recipes, key=lambda r: sum(s in ckpt for s in r[0]))
+            absent = [s for s in best[0] if s not in ckpt]
+            used.update(s for s in best[0] if s in ckpt)
+            missing.append(name if best[0] == [name] else f"{name} (needs {', '.join(absent[:8])}"
+                           + (f" and {len(absent) - 8} more" if len(absent) > 8 else "") + ")")
             continue
         sources, combine = found
         t = combine([ckpt.get(s) for s in sources])

@@ -1,0 +1,115 @@
+"""Checkpoint config parsing (both spellings) and loader errors: missing, unexpected and
+mis-shaped tensors are all named in one KernelgateError."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import kernelgate
+from kernelgate import KernelgateError
+from kernelgate.models import KimiLinearConfig
+from kimi_hf import tiny_hf_model
+
+# The fields of a released Kimi-Linear config.json (48B-A3B), with 1-indexed layer lists.
+RELEASED = {
+    "model_type": "kimi_linear", "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216,
+    "moe_intermediate_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 32,
+    "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+    "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "routed_scaling_factor": 2.446,
+    "num_expert_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "rms_norm_eps": 1e-5, "eos_token_id": 163586, "torch_dtype": "bfloat16",
+    "linear_attn_config": {"kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8],
+                           "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4},
+}
+
+
+def test_config_released_names():
+    c = KimiLinearConfig.from_dict(RELEASED)
+    assert c.layer_types == ["kda", "kda", "kda", "mla"] * 2
+    assert c.mlp_types == ["dense"] + ["moe"] * 7
+    assert (c.num_experts, c.num_experts_per_token, c.num_shared_experts, c.n_group) == (256, 8, 1, 1)
+    assert (c.linear_num_heads, c.linear_head_dim, c.conv_kernel_size) == (32, 128, 4)
+    assert c.qk_head_dim == 192 and c.q_lora_rank is None and c.eos_token_ids == [163586]
+    assert c.dtype == "bfloat16" and c.scoring == "sigmoid"
+
+
+def test_config_hf_names():
+    d = {"num_hidden_layers": 3, "num_local_experts": 16, "num_experts_per_tok": 4, "n_shared_experts": 2,
+         "n_group": 4, "norm_topk_prob": False, "linear_num_heads": 2, "linear_head_dim": 60,
+         "linear_conv_kernel_dim": 3, "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+         "mlp_layer_types": ["sparse", "dense", "sparse"], "eos_token_id": [5, 6]}
+    c = KimiLinearConfig.from_dict(d)
+    assert c.layer_types == ["mla", "kda", "kda"] and c.mlp_types == ["moe", "dense", "moe"]
+    assert (c.num_experts, c.num_experts_per_token, c.num_shared_experts, c.n_group) == (16, 4, 2, 4)
+    assert c.moe_renormalize is False and (c.linear_num_heads, c.linear_head_dim, c.conv_kernel_size) == (2, 60, 3)
+    assert c.eos_token_ids == [5, 6]
+
+
+def test_config_bad_layer_list():
+    bad = {**RELEASED, "linear_attn_config": {**RELEASED["linear_attn_config"], "full_attn_layers": [4]}}
+    with pytest.raises(KernelgateError, match="layer_types"):
+        KimiLinearConfig.from_dict(bad)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    tiny_hf_model(seed=3).save_pretrained(root)
+    return root
+
+
+def _edited(src, dst, edit):
+    dst.mkdir()
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def test_missing_unexpected_misshaped_all_reported(ckpt, tmp_path):
+    def edit(t):
+        del t["model.layers.1.self_attn.k_proj.weight"]
+        del t["model.norm.weight"]
+        t["model.layers.0.extra.weight"] = torch.zeros(3)
+        t["model.layers.3.self_attn.kv_b_proj.weight"] = torch.zeros(7, 32)
+    folder = _edited(ckpt, tmp_path / "bad", edit)
+    with pytest.raises(KernelgateError) as e:
+        kernelgate.load_model(folder)
+    msg = str(e.value)
+    assert "missing (2)" in msg and "qkv_proj.weight (needs model.layers.1.self_attn.k_proj.weight)" in msg and "model.norm.weight" in msg
+    assert "unexpected (1)" in msg and "model.layers.0.extra.weight" in msg
+    assert "mis-shaped (1)" in msg and "kv_b_proj.weight: checkpoint (7, 32) != model (128, 32)" in msg
+
+
+def test_missing_expert(ckpt, tmp_path):
+    folder = _edited(ckpt, tmp_path / "noexp", lambda t: t.pop("model.layers.2.block_sparse_moe.experts.5.w3.weight"))
+    with pytest.raises(KernelgateError) as e:
+        kernelgate.load_model(folder)
+    assert "missing (1): model.layers.2.mlp.experts.gate_up_proj (needs model.layers.2.mlp.experts.5.w3.weight)" \
+        in str(e.value) and "unexpected" not in str(e.value)
+
+
+def test_missing_shard_and_files(ckpt, tmp_path):
+    with pytest.raises(KernelgateError, match="not a folder"):
+        kernelgate.load_model(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(KernelgateError, match="no config.json"):
+        kernelgate.load_model(tmp_path / "empty")
+    shutil.copy(ckpt / "config.json", tmp_path / "empty" / "config.json")
+    with pytest.raises(KernelgateError, match="no \\*.safetensors"):
+        kernelgate.load_model(tmp_path / "empty")
+    index = {"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "empty" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(KernelgateError, match="shard model-00001-of-00002.safetensors"):
+        kernelgate.load_model(tmp_path / "empty")
+
+
+def test_dtype_argument(ckpt):
+    with pytest.raises(KernelgateError, match="dtype 'int8'"):
+        kernelgate.load_model(ckpt, dtype="int8")
+    m = kernelgate.load_model(ckpt, dtype=torch.float16)
+    assert m.dtype == torch.float16 and m.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float16
