@@ -34,12 +34,16 @@ def runnable(op_name):
     return [pytest.param(name, id=name) for name in op.impls]
 
 
-def call(op_name, impl_name, *args, **kwargs):
+def need(op_name, impl_name):
     impl = registry.get(op_name).impls[impl_name]
     why = impl.unavailable(platform.current())
     if why:
         pytest.skip(f"{impl_name}: {why}")
-    return impl.callable()(*args, **kwargs)
+    return impl
+
+
+def call(op_name, impl_name, *args, **kwargs):
+    return need(op_name, impl_name).callable()(*args, **kwargs)
 
 
 def tol(dtype):
