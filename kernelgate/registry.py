@@ -88,7 +88,7 @@ class Impl:
         reason = self.unavailable(plat)
         if reason:
             return reason
-        if self.dtypes is not None:
+        if self.dtypes is not None and args is not None:  # doctor (no args) checks static facts only
             dt = self.op.dtype_of(args, kwargs)
             if dt is not None and dt not in self.dtypes:
                 names = ", ".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
