@@ -15,7 +15,7 @@ import triton.language as tl
 from ... import alloc, platform
 from ..moe_routing import SCORINGS
 
-NEG_INF = float("-inf")
+_NO_KEY = tl.constexpr(-(2**63))   # below every real selection key
 
 
 @triton.jit
@@ -81,19 +81,32 @@ def _biased_grouped_topk_kernel(
             keep = keep | (g[None, :] == pick[:, None])
         avail = avail & keep[:, :, None]
 
+    # One reduction per pick: key = (order-preserving int32 of c) << 32 | (E - 1 - id), so the
+    # max key is the best score and, among equal scores, the lowest expert id.
+    c = tl.where(c == 0.0, 0.0, c)                                     # -0.0 and +0.0 tie, as in torch
+    bits = c.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = (ordered.to(tl.int64) << 32) | (E - 1 - eid[None, :, :]).to(tl.int64)
+    key = tl.where(avail, key, _NO_KEY)
     kk = tl.arange(0, K_PAD)                                           # [K]
-    w_acc = tl.zeros([BLOCK_T, K_PAD], dtype=tl.float32)
     id_acc = tl.zeros([BLOCK_T, K_PAD], dtype=tl.int32)
     for k in range(TOPK):
-        cm = tl.where(avail, c, float("-inf"))
-        best = tl.max(tl.max(cm, axis=2), axis=1)                      # [BT]
-        cand = tl.where(avail & (cm == best[:, None, None]), eid[None, :, :], E)
-        pick = tl.min(tl.min(cand, axis=2), axis=1)                    # [BT] lowest id at the max
-        hit = eid[None, :, :] == pick[:, None, None]
-        wk = tl.sum(tl.sum(tl.where(hit, s, 0.0), axis=2), axis=1)     # unbiased score
-        avail = avail & (hit == 0)
-        w_acc = tl.where(kk[None, :] == k, wk[:, None], w_acc)
+        best = tl.max(tl.max(key, axis=2), axis=1)                     # [BT]
+        pick = (E - 1) - best.to(tl.int32)                             # low 32 bits
+        key = tl.where(eid[None, :, :] == pick[:, None, None], _NO_KEY, key)
         id_acc = tl.where(kk[None, :] == k, pick[:, None], id_acc)
+
+    # weights: unbiased scores of the picks, re-read from the row (L1/L2-resident) and re-scored
+    picked = row_ok[:, None] & (kk < TOPK)[None, :]
+    xp = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_t + id_acc, mask=picked,
+                 other=0.0).to(tl.float32)
+    if SCORING == 0:
+        w_acc = tl.sigmoid(xp)
+    elif SCORING == 1:
+        w_acc = tl.exp(xp - m[:, None]) / tl.where(row_ok, den, 1.0)[:, None]
+    else:
+        w_acc = tl.sqrt(tl.maximum(xp, 0.0) + _log1p(tl.exp(-tl.abs(xp))))
+    w_acc = tl.where(picked, w_acc, 0.0)
 
     wsum = tl.sum(w_acc, axis=1)                                       # padded columns are 0
     if RENORM:
@@ -113,12 +126,29 @@ def _biased_grouped_topk_kernel(
 
 
 def _launch_config(T: int, e_pad: int) -> tuple[int, int]:
-    """(BLOCK_T, num_warps). GPU: one token per program on one warp (or two for E > 256), so
-    every reduction is a warp shuffle and T=4096 fits one wave. Interpreter: many tokens per
-    program, since its cost is per program, not per element."""
+    """(BLOCK_T, num_warps). GPU: one token per program on one warp up to 512 padded experts,
+    so every reduction is a warp shuffle (no shared memory, no barrier) and T=4096 is one
+    wave. Interpreter: many tokens per program, since its cost is per program, not per element.
+    bench/moe_routing.py sweeps the alternatives on a GPU."""
     if platform.interpreting():
         return 16, 1
-    return 1, (1 if e_pad <= 256 else 2)
+    return 1, (1 if e_pad <= 512 else 2)
+
+
+def launch(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
+           num_fused_shared_experts, w, ids, block_t: int, num_warps: int) -> None:
+    """Run the kernel into preallocated w / ids [T, topk + shared] with an explicit config."""
+    T, E = logits.shape
+    G = E // n_group
+    _biased_grouped_topk_kernel[(triton.cdiv(T, block_t),)](
+        logits, bias if bias is not None else logits, w, ids,
+        T, logits.stride(0), w.stride(0), float(routed_scaling_factor),
+        E=E, N_GROUP=n_group, GROUP=G, TOPK_GROUP=topk_group, TOPK=topk,
+        SHARED=num_fused_shared_experts, SCORING=SCORINGS.index(scoring), RENORM=bool(renormalize),
+        HAS_BIAS=bias is not None, BLOCK_T=block_t, NG_PAD=triton.next_power_of_2(n_group),
+        GS_PAD=triton.next_power_of_2(G), K_PAD=max(2, triton.next_power_of_2(w.shape[1])),
+        num_warps=num_warps,
+    )
 
 
 def biased_grouped_topk(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
@@ -133,16 +163,8 @@ def biased_grouped_topk(logits, bias, topk, n_group, topk_group, renormalize, ro
         logits = logits.contiguous()
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
-    G = E // n_group
-    ng_pad, gs_pad = triton.next_power_of_2(n_group), triton.next_power_of_2(G)
-    block_t, num_warps = _launch_config(T, ng_pad * gs_pad)
-    grid = (triton.cdiv(T, block_t),)
-    _biased_grouped_topk_kernel[grid](
-        logits, bias if bias is not None else logits, w, ids,
-        T, logits.stride(0), w.stride(0), float(routed_scaling_factor),
-        E=E, N_GROUP=n_group, GROUP=G, TOPK_GROUP=topk_group, TOPK=topk,
-        SHARED=num_fused_shared_experts, SCORING=SCORINGS.index(scoring), RENORM=bool(renormalize),
-        HAS_BIAS=bias is not None, BLOCK_T=block_t, NG_PAD=ng_pad, GS_PAD=gs_pad,
-        K_PAD=max(2, triton.next_power_of_2(K)), num_warps=num_warps,
-    )
+    e_pad = triton.next_power_of_2(n_group) * triton.next_power_of_2(E // n_group)
+    block_t, num_warps = _launch_config(T, e_pad)
+    launch(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
+           num_fused_shared_experts, w, ids, block_t, num_warps)
     return w, ids
