@@ -12,26 +12,34 @@ run together (row-blocks vary fastest), so an expert's tile is read from HBM abo
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ... import alloc
 from ...platform import interpreting
-from ...triton_utils import autotune_or_fixed
 from .moe_align import moe_align
 
 
 def _configs():
-    out = []
-    for bn, bk, warps, stages in ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3),
-                                  (128, 64, 4, 4), (128, 128, 8, 3), (128, 64, 8, 3), (256, 64, 8, 3)):
-        out.append(triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages))
-    return out
+    # (BLOCK_N, BLOCK_K, warps, stages); BLOCK_M is fixed by the permutation, not tuned.
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+            for bn, bk, w, st in ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4),
+                                  (128, 128, 8, 3), (64, 256, 4, 3))]
 
 
-_KEY = ["N", "K", "BLOCK_M", "P_BUCKET"]
-_FIXED = {"BLOCK_N": 64, "BLOCK_K": 64}   # interpreter: few, large programs
+# Small problems (tests, toy models) and the interpreter: one fixed config, no tuning cost.
+_FIXED = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+_TUNE_MIN_WEIGHTS = 1 << 20   # D * I at which autotuning pays off (Kimi: 2304 * 1024)
+
+
+@functools.cache
+def _tuned(kernel):
+    """The autotuned kernel, built on first use (on a GPU only), keyed on problem shape and the
+    bucket of pairs, so decode and prefill each get their own config."""
+    return triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "P_BUCKET"])(kernel)
 
 
 @triton.jit
@@ -43,11 +51,10 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
-@autotune_or_fixed(_configs(), _KEY, _FIXED)
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
-                    sxt, sxd, swe, swn, swk, limit,
-                    TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr,
+                    sxt, sxd, swe, swn, swk, limit, TOPK,
+                    HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # N = I (h columns), K = D. Weight rows [0, N) are gate, [N, 2N) are up.
     pid_m = tl.program_id(0)
@@ -81,7 +88,6 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, 
              mask=row_ok[:, None] & n_ok[None, :])
 
 
-@autotune_or_fixed(_configs(), _KEY, _FIXED)
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
                  swe, swn, swk,
@@ -113,7 +119,7 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, 
 
 
 @triton.jit
-def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK, BLOCK_D: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs < D
@@ -150,14 +156,18 @@ def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
     y = alloc.empty((P, D), torch.float32, x.device)
     ieee = x.dtype == torch.float32 or interpreting()
     bucket = triton.next_power_of_2(P)
-    _gate_up_kernel[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
+    tune = not interpreting() and D * I >= _TUNE_MIN_WEIGHTS
+    gate_up = _tuned(_gate_up_kernel) if tune else _gate_up_kernel
+    down = _tuned(_down_kernel) if tune else _down_kernel
+    meta = {} if tune else _FIXED
+    gate_up[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
         x, w_gate_up, h, sorted_pairs, block_expert, P, I, D, bucket,
         x.stride(0), x.stride(1), *w_gate_up.stride(),
-        float(swiglu_limit) if swiglu_limit is not None else 0.0,
-        TOPK=k, HAS_LIMIT=swiglu_limit is not None, IEEE=ieee, BLOCK_M=bm)
-    _down_kernel[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
+        float(swiglu_limit) if swiglu_limit is not None else 0.0, k,
+        HAS_LIMIT=swiglu_limit is not None, IEEE=ieee, BLOCK_M=bm, **meta)
+    down[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
         h, w_down, y, wts, sorted_pairs, block_expert, P, D, I, bucket, *w_down.stride(),
-        IEEE=ieee, BLOCK_M=bm)
+        IEEE=ieee, BLOCK_M=bm, **meta)
     block_d = min(1024, triton.next_power_of_2(D))
-    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, E, out.stride(0), TOPK=k, BLOCK_D=block_d)
+    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, E, out.stride(0), k, BLOCK_D=block_d)
     return out
