@@ -151,13 +151,15 @@ _simulated: list[str] = []
 @functools.cache
 def _platform_for(name: str | None, interp: bool) -> Platform:
     real = _real_platform()
-    if name is None or name == real.name:
-        return real
-    if name not in PLATFORMS:
+    if name is not None and name not in PLATFORMS:
         raise KernelgateError(f"platform: KERNELGATE_PLATFORM={name!r} is not one of {', '.join(PLATFORMS)}")
+    # `interp` is part of the cache key, so TRITON_INTERPRET is re-read on every refresh().
+    mode, reason = _triton_state(real.device)
+    if (name is None or name == real.name) and (mode, reason) == (real.triton_mode, real.triton):
+        return real
     # A simulated platform decides dispatch; the real device still runs the kernels.
-    return Platform(name=name, device=real.device, real=real.name, capability=real.capability,
-                    device_name=real.device_name, triton=real.triton, triton_mode=real.triton_mode,
+    return Platform(name=name or real.name, device=real.device, real=real.name, capability=real.capability,
+                    device_name=real.device_name, triton=reason, triton_mode=mode,
                     streams=real.streams)
 
 

@@ -10,6 +10,12 @@ for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if not _m.name.startswith("_") and not _m.ispkg:
         importlib.import_module(f"{__name__}.{_m.name}")
 
+# Importing `ops/gated_rms_norm.py` binds the *module* as `ops.gated_rms_norm`, which would
+# shadow the op of the same name (`__getattr__` only sees missing names): rebind the ops.
+from ..registry import OPS as _OPS  # noqa: E402
+
+globals().update(_OPS)
+
 
 def __getattr__(name: str):
     # `kernelgate.ops.gated_rms_norm(...)` is the registry op of that name.
