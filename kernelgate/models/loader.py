@@ -28,6 +28,25 @@ _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.num_batches_tracked)$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tiktoken.model")
 
 
+def _normalise(key: str) -> str:
+    for pat, rep in _RENAMES:
+        key = pat.sub(rep, key)
+    return key
+
+
+class _Tensors:
+    """In-memory tensors (e.g. an HF model's state_dict), names normalised like a checkpoint's."""
+
+    def __init__(self, tensors: dict):
+        self.where = {_normalise(k): v for k, v in tensors.items()}
+
+    def __contains__(self, name):
+        return name in self.where
+
+    def get(self, name) -> torch.Tensor:
+        return self.where[name]
+
+
 class _Checkpoint:
     """Tensor names (normalised) -> lazily read tensors across safetensors files."""
 
@@ -48,10 +67,7 @@ class _Checkpoint:
             h = safe_open(str(path), framework="pt")
             self._handles.append(h)
             for key in h.keys():
-                name = key
-                for pat, rep in _RENAMES:
-                    name = pat.sub(rep, name)
-                self.where[name] = (h, key)
+                self.where[_normalise(key)] = (h, key)
 
     def __contains__(self, name):
         return name in self.where
@@ -90,8 +106,10 @@ def _recipes(name: str, c: KimiLinearConfig):
     return [([name], lambda ts: ts[0])]
 
 
-def load_weights(model: KimiLinearForCausalLM, folder: Path) -> None:
-    ckpt = _Checkpoint(folder)
+def load_weights(model: KimiLinearForCausalLM, source) -> None:
+    """Copy weights from a checkpoint folder, or from a dict of tensors in either layout."""
+    ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
+    folder = "tensors" if isinstance(source, dict) else source
     used, missing, misshaped = set(), [], []
     for name, p in model.named_parameters():
         recipes = _recipes(name, model.config)
@@ -110,7 +128,7 @@ def load_weights(model: KimiLinearForCausalLM, folder: Path) -> None:
         if tuple(t.shape) != tuple(p.shape):
             misshaped.append(f"{name}: checkpoint {tuple(t.shape)} != model {tuple(p.shape)}")
             continue
-        p.copy_(t.to(p.dtype))
+        p.copy_(t.to(device=p.device, dtype=p.dtype))
     unexpected = sorted(n for n in ckpt.where if n not in used and not _IGNORED.search(n))
     if missing or unexpected or misshaped:
         def lst(title, items):
