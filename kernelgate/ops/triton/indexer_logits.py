@@ -19,11 +19,13 @@ import triton.language as tl
 
 from ... import alloc
 from ...checks import require
+from ...triton_utils import autotune_or_fixed
 from .. import _fp8
 from ..fp8_paged_mqa import OP_LOGITS, TOKEN_BYTES, cache_blocks
 from .indexer_fp8 import as_fp8
 
-BLOCK_T = 64
+BLOCK_T = 64            # tokens per tile under the interpreter; autotuned on GPUs
+SPLIT_UNIT = 128        # a program's context split is a multiple of every BLOCK_T tried
 TARGET_PROGRAMS = 2048
 
 
@@ -46,9 +48,13 @@ def _logits_tile(q, w, kv_ptr, kvs_ptr, bt_row, t, ctx, block_size, blk_bytes,
     return acc * ks[None, :]
 
 
+@autotune_or_fixed(
+    [triton.Config({"BLOCK_T": t}, num_warps=w, num_stages=s)
+     for t in (64, 128) for w in (4, 8) for s in (2, 3, 4)],
+    key=["H", "next_n", "block_size"], fixed={"BLOCK_T": BLOCK_T})
 @triton.jit
 def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
-                   H, next_n, max_len, s_bt, s_out, block_size, blk_bytes, tiles_per_prog,
+                   H, next_n, max_len, s_bt, s_out, block_size, blk_bytes, split_tokens,
                    FNUZ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr):
     b = tl.program_id(0)
     ctx = tl.load(ctx_ptr + b)
@@ -68,6 +74,7 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
     omask_q = (qn < next_n)[:, None]
 
     n_tiles = tl.cdiv(max_len, BLOCK_T)
+    tiles_per_prog = split_tokens // BLOCK_T
     start = tl.program_id(1) * tiles_per_prog
     end = tl.minimum(start + tiles_per_prog, n_tiles)
     busy_end = tl.maximum(tl.minimum(end, tl.cdiv(ctx, BLOCK_T)), start)
@@ -96,11 +103,11 @@ def fp8_paged_mqa_logits_triton(q_fp8, kv_cache, weights, context_lens, block_ta
         return out
     nqp = triton.next_power_of_2(next_n)
     hp = max(triton.next_power_of_2(H), triton.cdiv(16, nqp))     # tl.dot needs >= 16 rows
-    n_tiles = triton.cdiv(max_context_len, BLOCK_T)
-    tiles_per_prog = max(1, min(64, triton.cdiv(B * n_tiles, TARGET_PROGRAMS)))
-    grid = (B, triton.cdiv(n_tiles, tiles_per_prog))
+    units = triton.cdiv(max_context_len, SPLIT_UNIT)
+    split_tokens = SPLIT_UNIT * max(1, min(32, triton.cdiv(B * units, TARGET_PROGRAMS)))
+    grid = (B, triton.cdiv(max_context_len, split_tokens))
     _logits_kernel[grid](
         q_fp8.view(torch.uint8), kv, kv.view(torch.float32), weights, context_lens, block_tables, out,
         H, next_n, max_context_len, block_tables.stride(0), out.stride(0), block_size, kv.shape[1],
-        tiles_per_prog, FNUZ=fnuz, NQP=nqp, HP=hp, BLOCK_T=BLOCK_T, num_warps=4)
+        split_tokens, FNUZ=fnuz, NQP=nqp, HP=hp)
     return out

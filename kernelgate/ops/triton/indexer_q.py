@@ -19,11 +19,12 @@ import triton.language as tl
 
 from ... import alloc
 from ...checks import require
+from ...triton_utils import autotune_or_fixed
 from .. import _fp8
 from ..indexer_q import OP, sylvester_hadamard
 from .indexer_fp8 import encode_e4m3
 
-BLOCK_R = 64
+BLOCK_R = 64  # rows per program under the interpreter; autotuned on GPUs
 _H32: dict = {}
 
 
@@ -37,6 +38,9 @@ def _had32(v, hm, PREC: tl.constexpr):
     return tl.dot(v, hm, input_precision=PREC)
 
 
+@autotune_or_fixed(
+    [triton.Config({"BLOCK_R": r}, num_warps=w) for r in (32, 64, 128) for w in (4, 8)],
+    key=["H", "V4", "HADAMARD"], fixed={"BLOCK_R": BLOCK_R})
 @triton.jit
 def _indexer_q_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
                       n_rows, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
@@ -121,11 +125,11 @@ def indexer_q_triton(q, weight, weight_scale, freqs_cis, positions, variant="v4"
     n_rows = B * H
     if n_rows == 0:
         return q_fp8, w_out
-    grid = (triton.cdiv(n_rows, BLOCK_R),)
+    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]),)  # noqa: E731
     _indexer_q_kernel[grid](
         q, weight, torch.view_as_real(freqs_cis), positions, _h32(q.device),
         q_fp8.view(torch.uint8), w_out, n_rows, H, q.stride(0), q.stride(1),
         weight.stride(0), weight.stride(1), float(weight_scale), fmax,
         V4=variant == "v4", HADAMARD=use_h, FNUZ=fp8_format == "e4m3fnuz",
-        PREC=_precision(q.device), BLOCK_R=BLOCK_R, num_warps=4)
+        PREC=_precision(q.device))
     return q_fp8, w_out
