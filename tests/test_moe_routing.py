@@ -227,3 +227,16 @@ def test_doctor_explains_sgl_kernel():
     with platform.simulate("xpu"):
         reasons = {i.name: r for i, r in op.explain()}
     assert "not declared for xpu" in reasons["sgl_kernel"]
+
+
+def test_xpu_and_rocm_dispatch_to_the_portable_kernel():
+    if platform.current().triton:
+        pytest.skip(f"Triton unusable here: {platform.current().triton}")
+    op = registry.get(OP)
+    args = (torch.randn(5, 256), torch.zeros(256), 8, 8, 4, True, 2.5)
+    for name in ("xpu", "rocm"):
+        with platform.simulate(name):
+            chosen = [i.name for i, r in op.explain(args, {}) if r is None]
+            assert chosen == ["triton"], name
+            w, ids = op(*args)
+        assert torch.equal(ids, moe_routing.biased_grouped_topk_native(*args)[1])
