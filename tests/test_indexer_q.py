@@ -158,3 +158,17 @@ def test_bad_input_names_op_and_argument(over, match):
     with pytest.raises(KernelgateError, match=match) as e:
         op(**_args(**over))
     assert OP in str(e.value)
+
+
+@pytest.mark.parametrize("op_name", ["fused_q_indexer_rope_hadamard_quant", "silu_and_mul_clamp",
+                                     "indexer_k_quant_and_cache", "fp8_paged_mqa_logits"])
+@pytest.mark.parametrize("plat", ["xpu", "rocm"])
+def test_portable_triton_is_chosen_off_cuda(op_name, plat):
+    # the point of the issue: XPU and ROCm get the same Triton kernel as CUDA, by declaration
+    op = registry.get(op_name)
+    with platform.simulate(plat) as p:
+        if p.triton:
+            pytest.skip(f"Triton unusable here: {p.triton}")
+        args, kwargs = op.cases()[0].make(torch.device("cpu"), op.cases()[0].dtypes[0], torch.Generator().manual_seed(0))
+        chosen = [impl.name for impl, why in op.explain(args, kwargs) if why is None]
+    assert chosen == ["triton"]
