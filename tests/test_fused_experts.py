@@ -75,8 +75,8 @@ def test_sentinel_id_is_skipped_like_hf():
         want = hf(x, topk_ids.long(), topk_w)
     for name, fn in _runnable((x, w_gate_up, w_down, topk_w, topk_ids)):
         assert_close(fn(x, w_gate_up, w_down, topk_w, topk_ids), want, 1e-5, what=name)
-        negative = topk_ids.masked_fill(topk_ids == E, -3)
-        assert_close(fn(x, w_gate_up, w_down, topk_w, negative), want, 1e-5, what=f"{name} (id -3)")
+        negative = topk_ids.masked_fill(topk_ids == E, -3).long()   # int64 ids are accepted too
+        assert_close(fn(x, w_gate_up, w_down, topk_w, negative), want, 1e-5, what=f"{name} (id -3, int64)")
 
 
 def _silu(z):

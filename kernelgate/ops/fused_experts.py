@@ -104,6 +104,9 @@ def grouped_mm_supports(x, w_gate_up, w_down, topk_weights, topk_ids, activation
     D, I, es = x.shape[1], w_down.shape[2], x.element_size()
     if (D * es) % 16 or (I * es) % 16:
         return f"torch._grouped_mm needs 16-byte aligned rows (D={D}, I={I} in {x.dtype})"
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if not w.is_contiguous() or w.data_ptr() % 16:
+            return f"torch._grouped_mm needs {name} contiguous and 16-byte aligned"
     if dev == "cuda":
         if x.dtype != torch.bfloat16:
             return "torch._grouped_mm on CUDA takes bf16 only"
