@@ -1,0 +1,85 @@
+"""`kernelgate doctor | check | bench` on this machine (Triton under TRITON_INTERPRET=1)."""
+import json
+import pytest
+import torch
+
+from kernelgate import cli
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    # The CLI writes KERNELGATE_PLATFORM / KERNELGATE_FORCE into os.environ; monkeypatch
+    # records them now and restores them afterwards.
+    monkeypatch.delenv("KERNELGATE_PLATFORM", raising=False)
+    monkeypatch.delenv("KERNELGATE_FORCE", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def doctor_json(capsys, *args):
+    assert cli.main(["doctor", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_doctor_xpu_chooses_triton_gated_rms_norm(clean_env, capsys):
+    report = doctor_json(capsys, "--platform", "xpu")
+    assert report["platform"]["platform"] == "xpu" and report["platform"]["simulated"] != (
+        report["platform"]["real"] == "xpu")
+    entry = report["ops"]["gated_rms_norm"]
+    assert entry["chosen"] == "triton"
+    reasons = {i["name"]: i["reason"] for i in entry["implementations"]}
+    assert reasons["triton"] is None and reasons["native"] == "lower priority than triton"
+    if not torch.cuda.is_available():
+        assert "Triton unusable" in reasons["fla"] or "needs compiled Triton" in reasons["fla"]
+
+    assert cli.main(["doctor", "--platform", "xpu"]) == 0
+    text = capsys.readouterr().out
+    assert "platform  xpu" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("gated_rms_norm"))
+    assert "-> triton" in line and "chosen" in line
+
+
+def test_doctor_cpu_explains_why_not_triton(clean_env, capsys):
+    entry = doctor_json(capsys, "--platform", "cpu")["ops"]["gated_rms_norm"]
+    reasons = {i["name"]: i["reason"] for i in entry["implementations"]}
+    assert entry["chosen"] == "native"
+    assert reasons["triton"] == "not declared for cpu (declared: cuda, rocm, xpu)"
+
+
+def test_doctor_force(clean_env, capsys):
+    entry = doctor_json(capsys, "--platform", "xpu", "--force", "gated_rms_norm=native")["ops"]["gated_rms_norm"]
+    reasons = {i["name"]: i["reason"] for i in entry["implementations"]}
+    assert entry["chosen"] == "native" and reasons["triton"] == "override forces native"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["doctor", "--platform", "tpu"], "KERNELGATE_PLATFORM='tpu' is not one of"),
+    (["doctor", "--force", "gated_rms_norm=nope"], "gated_rms_norm: unknown implementation 'nope'"),
+    (["doctor", "--force", "nope=native"], "unknown op 'nope'"),
+    (["bench", "nope", "--no-compile"], "unknown op 'nope'"),
+])
+def test_cli_errors(clean_env, capsys, argv, message):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_check_gated_rms_norm_passes(clean_env, capsys):
+    assert cli.main(["check", "gated_rms_norm", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "0 failed" in out and "ok   gated_rms_norm/triton/63x60-nbg-sigmoid/float32" in out
+
+
+def test_bench_tiny_case_on_this_device(clean_env, capsys, tmp_path):
+    assert cli.main(["bench", "gated_rms_norm", "--no-compile", "--case", "32x128", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / f"gated_rms_norm-{result_platform()}.json").read_text())
+    rows = {r["impl"]: r for r in result["rows"]}
+    assert {"native", "triton"} <= set(rows)
+    for r in rows.values():
+        # GB/s from the declared byte count (rounds to 0.0 for the interpreter on a busy CPU)
+        assert r["case"] == "32x128" and r["dtype"] == "bfloat16" and r["us"] > 0 and r["gb_s"] >= 0
+    assert result["copy_gb_s"] > 0
+    assert "| 32x128 | bfloat16 | triton |" in (tmp_path / f"gated_rms_norm-{result_platform()}.md").read_text()
+
+
+def result_platform():
+    from kernelgate import platform
+    return platform.current().real
