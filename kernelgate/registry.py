@@ -363,7 +363,7 @@ def _warn_once(op: str, skipped: str, used: str, reason: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(f"kernelgate: {op} falls back from {skipped} to {used}: {reason}",
-                      FallbackWarning, stacklevel=4)
+                      FallbackWarning, stacklevel=5)  # the caller of the op
 
 
 _plan: dict[str, dict[str, int]] = {}
