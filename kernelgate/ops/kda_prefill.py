@@ -32,28 +32,30 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def _decayed_gram(a, b, gc):
-    """M[..., i, j] = sum_k a_i b_j exp(gc_i - gc_j) for j in a sub-block at or before i's.
+def _decayed_grams(q, k, gc):
+    """(Mkk, Mqk)[..., i, j] = sum_c {k_i, q_i}[c] k_j[c] exp(gc_i[c] - gc_j[c]) for j in a
+    sub-block at or before i's (pairs with j after i inside a sub-block are 0; callers mask).
 
-    a, b, gc: [..., C, K]. exp(gc_i - gc_j) is split at the end r of j's sub-block as
+    q, k, gc: [..., C, K]. exp(gc_i - gc_j) is split at the end r of j's sub-block as
     exp(gc_i - r) * exp(r - gc_j): both factors <= 1 for decays <= 0, so nothing overflows
-    however strong the decay. Pairs inside one sub-block use the pairwise difference; pairs
-    with j after i there get 0 (callers apply the causal mask).
+    however strong the decay. Pairs inside one sub-block use the pairwise difference.
     """
-    C = a.shape[-2]
-    M = a.new_zeros(*a.shape[:-1], C)
-    upper = torch.ones(BLOCK, BLOCK, dtype=torch.bool, device=a.device).triu(1)
+    C = k.shape[-2]
+    Mkk, Mqk = k.new_zeros(*k.shape[:-1], C), k.new_zeros(*k.shape[:-1], C)
+    upper = torch.ones(BLOCK, BLOCK, dtype=torch.bool, device=k.device).triu(1)[..., None]
     for lo in range(0, C, BLOCK):
         hi = lo + BLOCK
         r = gc[..., hi - 1:hi, :]                                            # [..., 1, K]
         if hi < C:
-            bj = b[..., lo:hi, :] * torch.exp(r - gc[..., lo:hi, :])          # [..., B, K]
-            ai = a[..., hi:, :] * torch.exp(gc[..., hi:, :] - r)              # [..., C-hi, K]
-            M[..., hi:, lo:hi] = ai @ bj.transpose(-1, -2)
-        d = gc[..., lo:hi, None, :] - gc[..., None, lo:hi, :]                 # [..., B, B, K]
-        d = d.masked_fill(upper[..., None], float("-inf"))
-        M[..., lo:hi, lo:hi] = (a[..., lo:hi, None, :] * b[..., None, lo:hi, :] * d.exp()).sum(-1)
-    return M
+            kj = (k[..., lo:hi, :] * torch.exp(r - gc[..., lo:hi, :])).transpose(-1, -2)   # [..., K, B]
+            di = torch.exp(gc[..., hi:, :] - r)                               # [..., C-hi, K]
+            Mkk[..., hi:, lo:hi] = (k[..., hi:, :] * di) @ kj
+            Mqk[..., hi:, lo:hi] = (q[..., hi:, :] * di) @ kj
+        E = gc[..., lo:hi, None, :] - gc[..., None, lo:hi, :]                 # [..., B, B, K]
+        E.masked_fill_(upper, float("-inf")).exp_().mul_(k[..., None, lo:hi, :])
+        Mkk[..., lo:hi, lo:hi] = torch.einsum("...ijc,...ic->...ij", E, k[..., lo:hi, :])
+        Mqk[..., lo:hi, lo:hi] = torch.einsum("...ijc,...ic->...ij", E, q[..., lo:hi, :])
+    return Mkk, Mqk
 
 
 def _unit_lower_inverse(A, eye):
@@ -86,8 +88,9 @@ def kda_chunked(q, k, v, g, beta, S, scale, qk_l2norm):
     beta = _chunks(beta[..., None], L, pad)[..., 0]                           # [H, NC, C]
     gc = g.cumsum(-2)
     eye = torch.eye(CHUNK, device=q.device)
-    A = (_decayed_gram(k, k, gc) * beta[..., None, :]).tril(-1)
-    P = (_decayed_gram(q, k, gc) * beta[..., None, :]).tril(0)
+    Mkk, Mqk = _decayed_grams(q, k, gc)
+    A = (Mkk * beta[..., None, :]).tril(-1)
+    P = (Mqk * beta[..., None, :]).tril(0)
     # (I + A) [Tv | W] = [v | k e^gc]: u = Tv - W S0 once S0 is known
     Tinv = _unit_lower_inverse(A, eye)
     Tv, W = Tinv @ v, Tinv @ (k * gc.exp())
