@@ -12,7 +12,8 @@ def clean_env(monkeypatch):
     # records them now and restores them afterwards.
     monkeypatch.delenv("KERNELGATE_PLATFORM", raising=False)
     monkeypatch.delenv("KERNELGATE_FORCE", raising=False)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def doctor_json(capsys, *args):

@@ -11,6 +11,7 @@ from kernelgate.testing import rel_err
 
 OP = registry.get("gated_rms_norm")
 IMPLS = ["native", "triton", "fla"]
+DEV = platform.default_device()  # GPU tensors on a GPU machine; CPU (Triton interpreted) here
 
 
 def run(impl_name, *args, **kwargs):
@@ -26,7 +27,7 @@ def run(impl_name, *args, **kwargs):
 
 
 def randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=DEV, dtype=dtype)
 
 
 # -- hand-computed ----------------------------------------------------------------------
@@ -36,7 +37,7 @@ def randn(*shape, seed=0, dtype=torch.float32):
 def test_constant_row(impl, c, act):
     # A row of constant c has rms |c|, so y = sign(c) * w * act(gate).
     D = 60
-    x = torch.full((5, D), c)
+    x = torch.full((5, D), c, device=DEV)
     w, g = randn(D, seed=1), randn(5, D, seed=2)
     y = run(impl, x, w, g, 1e-9, activation=act)
     a = torch.sigmoid(g) if act == "sigmoid" else g * torch.sigmoid(g)
@@ -46,16 +47,17 @@ def test_constant_row(impl, c, act):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_two_elements_by_hand(impl):
     # x = [3, 4]: mean square 12.5, rms 5/sqrt(2); w = [1, 2]; sigmoid(0) = 1/2, sigmoid(ln 3) = 3/4.
-    x, w, g = torch.tensor([[3.0, 4.0]]), torch.tensor([1.0, 2.0]), torch.tensor([[0.0, math.log(3)]])
+    t = lambda v: torch.tensor(v, device=DEV)  # noqa: E731
+    x, w, g = t([[3.0, 4.0]]), t([1.0, 2.0]), t([[0.0, math.log(3)]])
     y = run(impl, x, w, g, 1e-12)
     s2 = math.sqrt(2)
-    torch.testing.assert_close(y, torch.tensor([[3 * s2 / 5 / 2, 4 * s2 / 5 * 2 * 3 / 4]]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(y, t([[3 * s2 / 5 / 2, 4 * s2 / 5 * 2 * 3 / 4]]), rtol=1e-6, atol=0)
     # Gate first (silu): x * silu(g) = [0, 4 ln3 * 3/4]; one nonzero of two normalises to sqrt(2).
     y = run(impl, x, w, g, 1e-12, norm_before_gate=False, activation="silu")
-    torch.testing.assert_close(y, torch.tensor([[0.0, s2 * 2]]), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(y, t([[0.0, s2 * 2]]), rtol=1e-6, atol=1e-7)
     # No gate, with bias: rms(x) * w + b.
-    y = run(impl, x, w, None, 1e-12, bias=torch.tensor([10.0, 20.0]))
-    torch.testing.assert_close(y, torch.tensor([[10 + 3 * s2 / 5, 20 + 8 * s2 / 5]]), rtol=1e-6, atol=0)
+    y = run(impl, x, w, None, 1e-12, bias=t([10.0, 20.0]))
+    torch.testing.assert_close(y, t([[10 + 3 * s2 / 5, 20 + 8 * s2 / 5]]), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -99,7 +101,7 @@ def test_prenorm_residual_dtypes(impl, rfp32):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_matches_transformers_kimi_linear(impl, dtype):
     hf = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
-    norm = hf.KimiLinearRMSNormGated(128, eps=1e-6)
+    norm = hf.KimiLinearRMSNormGated(128, eps=1e-6).to(DEV)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.1 * randn(128, seed=10))
     x, g = randn(65, 4, 128, seed=11, dtype=dtype), randn(65, 4, 128, seed=12, dtype=dtype)
@@ -113,7 +115,7 @@ def test_matches_transformers_kimi_linear(impl, dtype):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_transformers_mamba2(impl):
     hf = pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
-    norm = hf.MambaRMSNormGated(256, group_size=64, eps=1e-5)
+    norm = hf.MambaRMSNormGated(256, group_size=64, eps=1e-5).to(DEV)
     with torch.no_grad():
         norm.weight.copy_(randn(256, seed=13))
     x, g = randn(33, 256, seed=14), randn(33, 256, seed=15)
@@ -147,7 +149,7 @@ def test_layouts(layout):
     elif layout == "3d-slice":
         x, g = randn(5, 7, 2 * D, seed=23)[:, 1:6, D:], randn(5, 5, D, seed=24)
     else:
-        x, g = torch.empty(0, D), torch.empty(0, D)
+        x, g = torch.empty(0, D, device=DEV), torch.empty(0, D, device=DEV)
     w = randn(D, seed=25)
     ref = OP.reference(x, w, g, 1e-6, bias=w)
     y = run("triton", x, w, g, 1e-6, bias=w)
@@ -173,7 +175,7 @@ def test_wide_grouped_rows_use_the_loop_kernel():
     (lambda a: a.update(group_size=0), "group_size 0 must be a positive divisor"),
     (lambda a: a.update(activation="relu"), "gated_rms_norm: activation 'relu' not in"),
     (lambda a: a.update(weight=torch.randn(60)), "gated_rms_norm: weight shape (60,) != (64,)"),
-    (lambda a: a.update(weight=torch.randn(64, device="meta")), "gated_rms_norm: weight is on meta, expected cpu"),
+    (lambda a: a.update(weight=torch.randn(64, device="meta")), "gated_rms_norm: weight is on meta, expected cpu (same device as the first input)"),
     (lambda a: a.update(x=torch.randint(0, 5, (4, 64))), "gated_rms_norm: x dtype int64 not in"),
     (lambda a: a.update(residual=torch.randn(4, 32)), "gated_rms_norm: residual shape (4, 32) != x shape (4, 64)"),
     (lambda a: a.update(eps=0.0), "gated_rms_norm: eps must be > 0"),
