@@ -18,8 +18,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 python3 -m kernelgate doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
 python3 -m kernelgate doctor --platform xpu > "$OUT/doctor-xpu.txt" 2>&1
 if [[ $what == parity || $what == all ]]; then
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_parity.py ${ops:+-k "$(IFS='|'; echo "${ops[*]}")"} \
-    2>&1 | tail -n 40 | tee "$OUT/parity.txt"
+  timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_parity.py ${ops:+-k "$(IFS='|'; echo "${ops[*]}")"} \
+    2>&1 | tail -n 60 | tee "$OUT/parity.txt"
 fi
 if [[ $what == bench || $what == all ]]; then
   [[ ${#ops[@]} -eq 0 ]] && ops=(all)
