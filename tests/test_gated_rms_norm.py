@@ -137,6 +137,35 @@ def test_matches_fla_rms_norm_ref(impl, nbg, G, bias):
     assert rel_err(y, ref) < 1e-6
 
 
+# -- where fla-core's kernel is not this op --------------------------------------------------
+@pytest.mark.parametrize("change,reason", [
+    (dict(gate=None), "gate=None (plain RMSNorm): fla's rms_norm_gated always reads a gate"),
+    (dict(group_size=32), "group_size=32: fla normalises whole rows only"),
+    (dict(norm_before_gate=False), "norm_before_gate=False: fla gates after the norm only"),
+    (dict(residual="bf16", prenorm=True, residual_in_fp32=True),
+     "residual_in_fp32 with a bfloat16 residual: fla returns the residual in the residual's dtype"),
+    (dict(D=40000), "row of 40000 x 2 bytes exceeds fla's 64 KB per-row block"),
+], ids=["nogate", "groups", "gate-first", "residual-fp32", "wide-row"])
+def test_fla_supports_names_each_mismatch(change, reason):
+    from kernelgate.ops.gated_rms_norm import _fla_supports
+    D = change.pop("D", 64)
+    x = torch.ones(2, D, dtype=torch.bfloat16, device="meta")
+    kw = {"gate": x, **change}
+    if kw.get("residual") == "bf16":
+        kw["residual"] = x
+    assert _fla_supports(x, torch.ones(D, device="meta"), **kw) == reason
+
+
+def test_fla_supports_its_contract():
+    from kernelgate.ops.gated_rms_norm import _fla_supports
+    x, w = torch.ones(2, 64, dtype=torch.bfloat16, device="meta"), torch.ones(64, device="meta")
+    # Whole-row norm then gate, either activation, bias, residual, prenorm, fp32 residual stream.
+    assert _fla_supports(x, w, x, 1e-6, None, True, "silu", bias=w, residual=x, prenorm=True) is None
+    assert _fla_supports(x, w, x, group_size=64, residual=x.float(), prenorm=True, residual_in_fp32=True) is None
+    xc = torch.ones(2, 64)
+    assert _fla_supports(xc, xc[0], xc) == "x is a CPU tensor: fla's kernels autotune and need a GPU"
+
+
 # -- layouts the Triton wrapper must accept ---------------------------------------------
 @pytest.mark.parametrize("layout", ["row-stride", "transposed", "3d-slice", "empty"])
 def test_layouts(layout):
