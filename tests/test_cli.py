@@ -8,10 +8,11 @@ from kernelgate import cli
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    # The CLI writes KERNELGATE_PLATFORM / KERNELGATE_FORCE into os.environ; monkeypatch
-    # records them now and restores them afterwards.
-    monkeypatch.delenv("KERNELGATE_PLATFORM", raising=False)
-    monkeypatch.delenv("KERNELGATE_FORCE", raising=False)
+    # The CLI writes KERNELGATE_PLATFORM / KERNELGATE_FORCE into os.environ. setenv makes
+    # monkeypatch record the original state (even "unset") and restore it afterwards.
+    for name in ("KERNELGATE_PLATFORM", "KERNELGATE_FORCE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 

@@ -11,7 +11,7 @@ from kernelgate.registry import ALL_PLATFORMS, GPU_TRITON, FallbackWarning
 
 @pytest.fixture
 def make_op(monkeypatch):
-    """Declare throwaway ops; they are removed from registry.OPS afterwards."""
+    """Declare throwaway ops; they are removed from the registry (and its trace) afterwards."""
     made = []
     monkeypatch.setattr(registry, "_warned", set())
 
@@ -22,6 +22,7 @@ def make_op(monkeypatch):
     yield make
     for name in made:
         registry.OPS.pop(name, None)
+        registry._plan.pop(name, None)
 
 
 def scale_ref(x, s=1.0):
