@@ -22,9 +22,9 @@ for step in "$@"; do
   case $step in
     parity*)
       filt=${step#parity}; filt=${filt#:}
-      timeout "$STEP_TIMEOUT" python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_parity.py ${filt:+-k "$filt"} \
+      timeout "$STEP_TIMEOUT" python3 -m pytest -v -n 16 -p no:cacheprovider tests/test_parity.py ${filt:+-k "$filt"} \
         > "$RES/parity.txt" 2>&1
-      grep -E "FAILED|ERROR|passed|failed" "$RES/parity.txt" | tail -n 40 ;;
+      grep -E "FAILED|ERROR|[0-9]+ passed|failed" "$RES/parity.txt" | sort | uniq | tail -n 60 ;;
     bench:*)
       spec=${step#bench:}; op=${spec%%:*}; extra=(); [[ $spec == *:nocompile ]] && extra=(--no-compile)
       timeout "$STEP_TIMEOUT" python3 -m kernelgate bench "$op" "${extra[@]}" --out "$RES" 2>&1 | grep -v "^wrote" ;;
