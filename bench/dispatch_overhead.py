@@ -73,6 +73,7 @@ def main(argv=None) -> int:
         ]
     finally:
         registry.OPS.pop("_dispatch_probe", None)
+        registry._plan.pop("_dispatch_probe", None)
 
     try:
         @torch.library.custom_op("kernelgate_bench::gated_rms_norm", mutates_args=())
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
         print(f"| {name:<52} | {us:7.2f} |")
     print()
     print(f"registry overhead, gated_rms_norm: {t['gated_rms_norm via registry'] - t[f'gated_rms_norm direct ({impl.name})']:.2f} µs")
-    print(f"registry overhead, no-op op:       {t['no-op op via registry'] - t['no-op function direct']:.2f} µs")
+    print(f"registry overhead, no-op op:       {t['no-op op via registry'] - t['no-op function direct']:.2f} µs"
+          "   <- dispatch alone (the rows above also carry the kernel's own run-to-run variance)")
     if "gated_rms_norm native via torch.library.custom_op" in t:
         print(f"torch.library.custom_op overhead:  "
               f"{t['gated_rms_norm native via torch.library.custom_op'] - t['gated_rms_norm native direct']:.2f} µs")
