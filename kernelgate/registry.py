@@ -47,6 +47,7 @@ class Impl:
     adapt: Callable | None = None      # (args, kwargs) -> (args, kwargs), e.g. upcast a bias at the call
     priority: int = 0
     doc: str = ""
+    rtol: dict | None = None           # per-dtype parity bound where it must differ from the op's (e.g. TF32)
     _resolved: Any = field(default=None, repr=False)
     _resolve_error: str | None = field(default=None, repr=False)
 
@@ -124,7 +125,8 @@ DEFAULT_RTOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 class Op:
     def __init__(self, name: str, reference: Callable, *, validate: Callable | None = None,
                  dtype_arg: str | None = None, mutates: tuple = (), rtol: dict | None = None,
-                 compare: Callable | None = None, cases: Callable | None = None,
+                 compare: Callable | None = None, compare_mutated: Callable | None = None,
+                 cases: Callable | None = None,
                  bench_cases: Callable | None = None, doc: str = ""):
         self.name = name
         self.reference = reference
@@ -135,7 +137,8 @@ class Op:
         self._dtype_pos = self.params.index(self.dtype_arg)
         self.mutates = mutates
         self.rtol = {**DEFAULT_RTOL, **(rtol or {})}
-        self.compare = compare
+        self.compare = compare                  # (out, ref, dtype, inputs) -> None, raises AssertionError
+        self.compare_mutated = compare_mutated  # (name, out, ref, dtype) -> None, for in-place arguments
         self.cases = cases or (lambda: [])
         self.bench_cases = bench_cases or (lambda: [])
         self.doc = doc or (reference.__doc__ or "").strip().splitlines()[0] if (doc or reference.__doc__) else ""
@@ -150,12 +153,12 @@ class Op:
     # -- declaration ---------------------------------------------------------------
     def implementation(self, name: str, fn: Callable | str, *, provider: str, platforms,
                        dtypes=None, requires=(), supports=None, adapt=None, priority: int = 0,
-                       doc: str = "") -> Impl:
+                       doc: str = "", rtol: dict | None = None) -> Impl:
         if name in self.impls:
             raise KernelgateError(f"{self.name}: implementation {name!r} registered twice")
         impl = Impl(self, name, provider, fn, frozenset(platforms),
                     frozenset(dtypes) if dtypes is not None else None, tuple(requires),
-                    supports, adapt, priority, doc)
+                    supports, adapt, priority, doc, rtol)
         self.impls[name] = impl
         self._cache.clear()
         return impl

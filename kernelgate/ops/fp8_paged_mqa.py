@@ -121,9 +121,24 @@ def store_bench_cases():
     return [Case("T16384-BS64", make, dtypes=(torch.bfloat16,), bytes=_store_bytes)]
 
 
+def compare_cache(name, out, ref, dtype):
+    """Caches after a store: fp32 scales bit-exact; fp8 code bytes within one code on at most
+    _fp8.ULP_FRACTION of them (the bound the q quantizer is held to; a GPU may round a value on
+    the boundary of two codes the other way), identical elsewhere (untouched slots)."""
+    o, r = cache_blocks(out).cpu(), cache_blocks(ref).cpu()
+    bs = o.shape[1] // TOKEN_BYTES
+    so, sr = o[:, bs * HEAD_DIM:], r[:, bs * HEAD_DIM:]
+    bad = int((so != sr).sum())
+    assert bad == 0, f"{name}: {bad} of {sr.numel()} scale bytes differ"
+    dist = _fp8.code_distance(o[:, :bs * HEAD_DIM], r[:, :bs * HEAD_DIM])
+    far, near = int((dist > 1).sum()), int((dist == 1).sum())
+    assert far == 0, f"{name}: {far} code bytes differ by more than one fp8 code"
+    assert near <= _fp8.ULP_FRACTION * dist.numel(), f"{name}: {near} of {dist.numel()} code bytes one code apart"
+
+
 indexer_k_quant_and_cache = declare(
     OP_STORE, indexer_k_quant_and_cache_native, validate=validate_store, mutates=("kv_cache",),
-    cases=store_cases, bench_cases=store_bench_cases)
+    compare_mutated=compare_cache, cases=store_cases, bench_cases=store_bench_cases)
 indexer_k_quant_and_cache.implementation(
     "triton", "kernelgate.ops.triton.indexer_k_cache:indexer_k_quant_and_cache_triton", provider="triton",
     platforms=GPU_TRITON, requires=("triton",), priority=10, doc="per-token amax, exact fp8 encode, paged write")

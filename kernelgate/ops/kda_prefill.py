@@ -180,4 +180,7 @@ kda_prefill = declare(OP, kda_prefill_native, validate=validate, cases=cases, be
                       mutates=("state",), rtol={torch.float32: 1e-4, torch.bfloat16: 2e-2})
 kda_prefill.implementation("fla", "kernelgate.ops.kda_fla:chunk_prefill", provider="fla", platforms=GPU_TRITON,
                            requires=("fla", "triton-compiled"), priority=10,
+                           # fla's chunk kernels run fp32 inputs through TF32 tensor-core dots
+                           # (measured on the H200: 9e-4 .. 7e-3 relative error at fp32)
+                           rtol={torch.float32: 1.5e-2},
                            doc="fla chunk_kda, varlen, states gathered from / scattered to the slot pool")
