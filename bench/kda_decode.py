@@ -97,14 +97,14 @@ def cuda_main():
         impl = registry.get("kda_prefill").impl("fla").callable()
         ref_state = state.clone()
         o1 = impl(q, k, v, g, beta, state, cu, sl)
-        o2, _ = chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=ref_state.clone(),
+        o2, _ = chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=ref_state[sl.long()].clone(),
                           output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu.long())
         assert rel_err(o1, o2[0]) < 1e-3
         nat = registry.get("kda_prefill").reference(q, k, v, g, beta, ref_state.clone(), cu, sl)
         assert rel_err(o1, nat) < 3e-2, rel_err(o1, nat)
-        cu_l, cu_cpu = cu.long(), cu.long().cpu()
+        cu_l, cu_cpu, init = cu.long(), cu.long().cpu(), state[sl.long()].contiguous()
         r = _time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl), dev)
-        d = _time_ms(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=state,
+        d = _time_ms(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
                                        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_l,
                                        cu_seqlens_cpu=cu_cpu), dev)
         print(f"| T{sum(lens)} N{len(lens)} | {r:.3f} | {d:.3f} | {r / d:.2f}x |")
