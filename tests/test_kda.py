@@ -45,12 +45,15 @@ def test_prefill_vs_fla_naive(impl, dtype, lens, slots):
 
 
 @pytest.mark.parametrize("impl", runnable("kda_prefill"))
-def test_prefill_vs_hf_chunk_strong_decay(impl):
+@pytest.mark.parametrize("strength", [8.0, 40.0], ids=["mid", "strong"])
+def test_prefill_vs_hf_chunk_strong_decay(impl, strength):
     """HF chunk_kimi_delta_attention (chunk 64, padded) with decays strong enough that a
-    naive exp(-cumsum) factorisation would overflow fp32 inside one chunk."""
+    naive exp(-cumsum) factorisation would overflow fp32 inside one chunk (x40: per-step
+    decay down to ~ -100, every block split to single tokens) or that only some block
+    sizes stay factorable (x8: the native Gram splits chunks twice, down to 16-blocks)."""
     q, k, v, g, beta, state, cu, sl = make_inputs([130], [0], 2, 32, 32, "cpu", torch.float32,
                                                   torch.Generator().manual_seed(3))
-    g = g * 40.0                                     # per-step decay down to ~ -100
+    g = g * strength
     S0 = state[0].clone()
     o = call("kda_prefill", impl, q, k, v, g, beta, state, cu, sl)
     ro, rS = hf()["chunk"](q[None], k[None], v[None], g[None], beta[None], initial_state=S0[None],

@@ -7,8 +7,9 @@ along dim 0 (`cu_seqlens` [N+1]); sequence n starts from `state[slots[n]]` and i
 state is written back there. slot < 0: skipped, its outputs are zeros and no state is
 read or written. Output in v's dtype.
 
-The native path is the matrix (WY / UT) form, vectorised over all chunks of a sequence;
-only the chunk-to-chunk state hand-off is a loop. Inside a chunk with cumulative decay
+The native path is the matrix (WY / UT) form: the intra-chunk terms are batched over heads
+and a few chunks at a time (so they stay in cache), the chunk-to-chunk state hand-off is
+a loop of [H, C, K] @ [H, K, V] matmuls. Inside a chunk with cumulative decay
 gc_i = sum_{s<=i} g_s and start state S0:
     u = (I + A)^-1 (v - (k * e^gc) S0),   A[i,j] = beta_j k_i.(e^(gc_i-gc_j) k_j), j < i
     o = (q * e^gc) S0 + P u,               P[i,j] = beta_j q_i.(e^(gc_i-gc_j) k_j), j <= i
@@ -24,87 +25,107 @@ from ..registry import GPU_TRITON, Case, declare
 
 OP = "kda_prefill"
 CHUNK = 64
-BLOCK = 8     # sub-block of a chunk for the stable decayed Gram matrices
+GROUP = 4     # chunks whose intra-chunk terms are formed together: a few MB, stays in cache
+SPAN = 30.0   # largest decay span (nats) inside a block whose Gram is one factored matmul
 INDEX = (torch.int32, torch.int64)
 
 
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+def l2norm(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """scale * x / sqrt(sum(x^2) + 1e-6) over the last dim (one full-size pass after the norm)."""
+    return x * (scale * torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_() + 1e-6))
+
+
+def _blocks(M, nb, s, row, col):
+    """View of the (row half, col half) s x s block of each of the nb diagonal 2s-blocks of
+    M [..., C, C], as [..., s, s, nb] (row, col in {0, 1})."""
+    M6 = M.unflatten(-1, (nb, 2, s)).unflatten(-4, (nb, 2, s))               # [..., nb, 2, s, nb, 2, s]
+    return M6.diagonal(dim1=-6, dim2=-3)[..., row, :, col, :, :]
 
 
 def _decayed_grams(q, k, gc):
-    """(Mkk, Mqk)[..., i, j] = sum_c {k_i, q_i}[c] k_j[c] exp(gc_i[c] - gc_j[c]) for j in a
-    sub-block at or before i's (pairs with j after i inside a sub-block are 0; callers mask).
+    """Mkk[..., i, j] = sum_c k_i[c] k_j[c] exp(gc_i[c] - gc_j[c]) and Mqk likewise with q_i,
+    for j <= i (0 above the diagonal). q, k, gc: [..., C, K], gc non-increasing along C.
 
-    q, k, gc: [..., C, K]. exp(gc_i - gc_j) is split at the end r of j's sub-block as
-    exp(gc_i - r) * exp(r - gc_j): both factors <= 1 for decays <= 0, so nothing overflows
-    however strong the decay. Pairs inside one sub-block use the pairwise difference.
+    Inside a block whose decay span (gc at its first row minus gc at its last) is at most
+    SPAN, exp(gc_i - gc_j) = exp(gc_i - r) exp(r - gc_j) with r = gc at the first row: factors
+    within [e^-SPAN, e^SPAN], far from fp32 overflow or denormals, and the whole block is one
+    matmul. A block with a stronger decay is split in halves: the halves recurse, and the
+    (right half x left half) cross term takes r = gc at the left half's last row, where both
+    factors lie in [0, 1] (gc_i <= r <= gc_j), so any decay is safe. Blocks of one size are
+    all decided together (one check per size); size 1 is the plain diagonal.
     """
     C = k.shape[-2]
     Mkk, Mqk = k.new_zeros(*k.shape[:-1], C), k.new_zeros(*k.shape[:-1], C)
-    upper = torch.ones(BLOCK, BLOCK, dtype=torch.bool, device=k.device).triu(1)[..., None]
-    for lo in range(0, C, BLOCK):
-        hi = lo + BLOCK
-        r = gc[..., hi - 1:hi, :]                                            # [..., 1, K]
-        if hi < C:
-            kj = (k[..., lo:hi, :] * torch.exp(r - gc[..., lo:hi, :])).transpose(-1, -2)   # [..., K, B]
-            di = torch.exp(gc[..., hi:, :] - r)                               # [..., C-hi, K]
-            Mkk[..., hi:, lo:hi] = (k[..., hi:, :] * di) @ kj
-            Mqk[..., hi:, lo:hi] = (q[..., hi:, :] * di) @ kj
-        E = gc[..., lo:hi, None, :] - gc[..., None, lo:hi, :]                 # [..., B, B, K]
-        E.masked_fill_(upper, float("-inf")).exp_().mul_(k[..., None, lo:hi, :])
-        Mkk[..., lo:hi, lo:hi] = torch.einsum("...ijc,...ic->...ij", E, k[..., lo:hi, :])
-        Mqk[..., lo:hi, lo:hi] = torch.einsum("...ijc,...ic->...ij", E, q[..., lo:hi, :])
+    s = C
+    while s > 1:
+        nb = C // s
+        blk = lambda x: x.unflatten(-2, (nb, s))  # noqa: E731       [..., nb, s, K]
+        gb = blk(gc)
+        if (gb[..., 0, :] - gb[..., -1, :]).max() <= SPAN:
+            r = gb[..., :1, :]
+            col = torch.sub(r, gb).exp_().mul_(blk(k)).transpose(-1, -2)     # [..., nb, K, s]
+            row = torch.sub(gb, r).exp_()
+            for M, x in ((Mkk, k), (Mqk, q)):
+                diag = M.unflatten(-1, (nb, s)).unflatten(-3, (nb, s)).diagonal(dim1=-4, dim2=-2)
+                diag.copy_(((blk(x) * row) @ col).tril_().movedim(-3, -1))      # [..., s, s, nb]
+            return Mkk, Mqk
+        s //= 2
+        halves = lambda x: x.unflatten(-2, (nb, 2, s)).unbind(-3)  # noqa: E731  [..., nb, s, K] x2
+        (gl, gr), (kl, kr), (_, qr) = halves(gc), halves(k), halves(q)
+        r = gl[..., -1:, :]
+        col = torch.sub(r, gl).exp_().mul_(kl).transpose(-1, -2)             # [..., nb, K, s]
+        row = torch.sub(gr, r).exp_()
+        for M, x in ((Mkk, kr), (Mqk, qr)):
+            _blocks(M, nb, s, 1, 0).copy_(((x * row) @ col).movedim(-3, -1))
+    Mkk.diagonal(dim1=-2, dim2=-1).copy_(torch.linalg.vecdot(k, k))
+    Mqk.diagonal(dim1=-2, dim2=-1).copy_(torch.linalg.vecdot(q, k))
     return Mkk, Mqk
 
 
-def _unit_lower_inverse(A, eye):
-    """(I + A)^-1 for strictly lower-triangular A [..., C, C] (nilpotent: A^C = 0), as
-    (I - A)(I + A^2)(I + A^4)...(I + A^(C/2)) = I - A^C: log2(C) batched matmul pairs, which
-    CPUs run far faster than a batched triangular solve of small matrices."""
-    inv, p = eye - A, A @ A
-    for _ in range(CHUNK.bit_length() - 2):
-        inv = inv + inv @ p
-        p = p @ p
-    return inv
-
-
-def _chunks(x, L, pad):
-    """[L, H, ...] -> [H, NC, CHUNK, ...] zero-padded; padded steps are identity (g=beta=k=0)."""
-    x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
-    return x.view((L + pad) // CHUNK, CHUNK, *x.shape[1:]).movedim(2, 0)
+def _to_chunks(x, n):
+    """[n*CHUNK - pad, H, *] -> [n, H, CHUNK, *] fp32 contiguous, zero-padded at the end
+    (padded steps are identity: g = beta = k = 0)."""
+    x = x.float()
+    if x.shape[0] < n * CHUNK:
+        x = F.pad(x, (0, 0) * (x.dim() - 1) + (0, n * CHUNK - x.shape[0]))
+    return x.view(n, CHUNK, *x.shape[1:]).transpose(1, 2).contiguous()
 
 
 def kda_chunked(q, k, v, g, beta, S, scale, qk_l2norm):
-    """One sequence: q, k, g [L, H, K], v [L, H, V], beta [L, H], S [H, K, V] fp32
-    -> (o [L, H, V] fp32, final S [H, K, V] fp32)."""
-    L, H, K = q.shape
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    if qk_l2norm:
-        q, k = l2norm(q), l2norm(k)
-    q = q * scale
-    pad = (-L) % CHUNK
-    q, k, v, g = (_chunks(t, L, pad) for t in (q, k, v, g))                   # [H, NC, C, *]
-    beta = _chunks(beta[..., None], L, pad)[..., 0]                           # [H, NC, C]
-    gc = g.cumsum(-2)
-    eye = torch.eye(CHUNK, device=q.device)
-    Mkk, Mqk = _decayed_grams(q, k, gc)
-    A = (Mkk * beta[..., None, :]).tril(-1)
-    P = (Mqk * beta[..., None, :]).tril(0)
-    # (I + A) [Tv | W] = [v | k e^gc]: u = Tv - W S0 once S0 is known
-    Tinv = _unit_lower_inverse(A, eye)
-    Tv, W = Tinv @ v, Tinv @ (k * gc.exp())
-    Qg = q * gc.exp()
-    glast = gc[..., -1:, :]                                                   # [H, NC, 1, K]
-    Kd = (k * (glast - gc).exp() * beta[..., None]).transpose(-1, -2)         # [H, NC, K, C]
-    decay = glast.exp().transpose(-1, -2)                                     # [H, NC, K, 1]
-    o = torch.empty_like(v)
+    """One sequence: q, k, g [L, H, K], v [L, H, V], beta [L, H], S [H, K, V]
+    -> (o [L, H, V] fp32, final S [H, K, V] fp32).
+
+    Chunks are taken GROUP at a time: the intra-chunk terms of a group are batched over its
+    chunks and heads ([n, H, C, *]); then the group's chunks hand the state over in order."""
+    L, H, _ = q.shape
+    o = torch.empty(*v.shape, dtype=torch.float32, device=v.device)
     S = S.float()
-    for c in range(q.shape[1]):
-        u = Tv[:, c] - W[:, c] @ S                                            # [H, C, V]
-        o[:, c] = Qg[:, c] @ S + P[:, c] @ u
-        S = decay[:, c] * S + Kd[:, c] @ u
-    o = o.movedim(0, 2).reshape(-1, H, v.shape[-1])[:L]
+    for t0 in range(0, L, GROUP * CHUNK):
+        t1 = min(L, t0 + GROUP * CHUNK)
+        n = -(-(t1 - t0) // CHUNK)
+        qc, kc, vc, gc = (_to_chunks(x[t0:t1], n) for x in (q, k, v, g))         # [n, H, C, *]
+        bc = _to_chunks(beta[t0:t1, :, None], n)[..., 0]                          # [n, H, C]
+        if qk_l2norm:
+            qc, kc = l2norm(qc, scale), l2norm(kc)
+        else:
+            qc = qc * scale
+        gc = gc.cumsum(-2)
+        Mkk, Mqk = _decayed_grams(qc, kc, gc)
+        # (I + A)^-1 with A = Mkk * beta_j (strictly lower; the solve takes its diagonal as 1)
+        eye = torch.eye(CHUNK, device=q.device).expand(n, H, CHUNK, CHUNK)
+        Tinv = torch.linalg.solve_triangular(Mkk * bc[..., None, :], eye, upper=False, unitriangular=True)
+        P = Mqk * bc[..., None, :]
+        eg = gc.exp()
+        Kg, Qg = kc * eg, qc * eg
+        glast = gc[..., -1:, :]                                                   # [n, H, 1, K]
+        Kd = (kc * (glast - gc).exp() * bc[..., None]).transpose(-1, -2)          # [n, H, K, C]
+        decay = glast.exp().transpose(-1, -2)                                     # [n, H, K, 1]
+        oc = torch.empty_like(vc)
+        for c in range(n):
+            u = Tinv[c] @ torch.baddbmm(vc[c], Kg[c], S, alpha=-1)               # [H, C, V]
+            oc[c] = torch.baddbmm(P[c] @ u, Qg[c], S)
+            S = torch.baddbmm(decay[c] * S, Kd[c], u)
+        o[t0:t1] = oc.transpose(1, 2).reshape(n * CHUNK, H, -1)[:t1 - t0]
     return o, S
 
 
