@@ -42,7 +42,7 @@ def _decode_inputs(N, device, gen):
                 state=0.3 * r(N, H, K, V, dt=torch.float32), slots=torch.arange(N, dtype=torch.int32, device=device))
 
 
-def cuda_main():
+def cuda_main(prefill_only: bool = False):
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
     from kernelgate import registry
@@ -72,7 +72,7 @@ def cuda_main():
     print(f"copy bandwidth {bw:.0f} GB/s\n")
     print("| N | fused (a) µs | chain (b) µs | a vs b | packed kernel µs | state floor µs | of floor |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
-    for N in (1, 32, 256):
+    for N in (() if prefill_only else (1, 32, 256)):
         t = _decode_inputs(N, dev, torch.Generator().manual_seed(N))
         # correctness: one step of each from the same inputs vs the native reference
         ref_t = {k: v.clone() for k, v in t.items()}
@@ -166,8 +166,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true", help="run the CPU comparison even if CUDA is present")
     ap.add_argument("--heads", type=int, default=H)
+    ap.add_argument("--prefill-only", action="store_true", help="CUDA: skip the decode table")
     a = ap.parse_args()
     if torch.cuda.is_available() and not a.cpu:
-        cuda_main()
+        cuda_main(prefill_only=a.prefill_only)
     else:
         cpu_main(heads=a.heads)
