@@ -18,21 +18,23 @@ STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 python3 -m kernelgate doctor > "$RES/doctor.txt" 2>&1
 KERNELGATE_PLATFORM=xpu python3 -m kernelgate doctor > "$RES/doctor-xpu.txt" 2>&1
 for step in "$@"; do
+  STEP_T=$STEP_TIMEOUT
+  if [[ $step =~ ^(.*)@([0-9]+)$ ]]; then step=${BASH_REMATCH[1]}; STEP_T=${BASH_REMATCH[2]}; fi   # 'step@seconds'
   echo "=== $step ($(date +%T))"
   case $step in
     parity*)
       filt=${step#parity}; filt=${filt#:}
-      timeout "$STEP_TIMEOUT" python3 -m pytest -v -n 16 -p no:cacheprovider tests/test_parity.py ${filt:+-k "$filt"} \
+      timeout "$STEP_T" python3 -m pytest -v -n 16 -p no:cacheprovider tests/test_parity.py ${filt:+-k "$filt"} \
         > "$RES/parity.txt" 2>&1
       grep -E "FAILED|ERROR|[0-9]+ passed|failed" "$RES/parity.txt" | sort | uniq | tail -n 60 ;;
     bench:*)
       spec=${step#bench:}; op=${spec%%:*}; extra=(); [[ $spec == *:nocompile ]] && extra=(--no-compile)
-      timeout "$STEP_TIMEOUT" python3 -m kernelgate bench "$op" "${extra[@]}" --out "$RES" 2>&1 | grep -v "^wrote" ;;
+      timeout "$STEP_T" python3 -m kernelgate bench "$op" "${extra[@]}" --out "$RES" 2>&1 | grep -v "^wrote" ;;
     py:*)
       cmd=${step#py:}; name=$(basename "${cmd%% *}" .py)
-      timeout "$STEP_TIMEOUT" python3 $cmd 2>&1 | tee "$RES/$name.txt" | tail -n 40 ;;
+      timeout "$STEP_T" python3 $cmd 2>&1 | tee "$RES/$name.txt" | tail -n 40 ;;
     sh:*)
-      timeout "$STEP_TIMEOUT" bash -c "${step#sh:}" 2>&1 | tail -n 40 ;;
+      timeout "$STEP_T" bash -c "${step#sh:}" 2>&1 | tail -n 40 ;;
   esac
 done
 tar czf "$DEST/results.tgz" -C "$RES" .
