@@ -39,9 +39,12 @@ from .indexer_fp8 import encode_e4m3
 
 BLOCK_R = 64  # rows per program under the interpreter; autotuned on GPUs unless CONFIG pins it
 HMODES = {"fp32": 0, "bf16x3": 2, "butterfly": 3}
-# Launch choices on CUDA (the lead sets the winners of bench/indexer_sweep.py here).
+# Launch choices on CUDA, per variant: the winners of bench/indexer_sweep.py on the H200
+# (2026-11-29, T4096 x H64, CUDA-graph time): v4 R64 w4 fp32 Hadamard 76.8 us (bf16x3 85.1,
+# butterfly 83.8); v3.2 R64 w4 without the split RoPE 39.2 us (with it 47.9).
 # block_r / num_warps None = autotuned.
-CONFIG = dict(hmode="bf16x3", hw_encode=True, fast_div=True, rope_split=True, block_r=None, num_warps=None)
+CONFIG = dict(hmode="fp32", hw_encode=True, fast_div=True, rope_split=True, block_r=64, num_warps=4)
+CONFIG_V32 = dict(CONFIG, rope_split=False)
 # Under the interpreter and on non-NVIDIA backends: portable choices.
 PORTABLE = dict(hmode="bf16x3", hw_encode=False, fast_div=False, rope_split=True, block_r=None, num_warps=None)
 _H32: dict = {}
@@ -212,7 +215,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     require(freqs_cis.is_contiguous(), OP, "freqs_cis must be contiguous")
     dtype, fmax = _fp8.FORMATS[fp8_format]
     nvidia = _nvidia(q.device)
-    cfg = {**(CONFIG if nvidia else PORTABLE), **config}
+    cfg = {**((CONFIG if variant == "v4" else CONFIG_V32) if nvidia else PORTABLE), **config}
     use_h = (variant == "v4") if hadamard is None else hadamard
     q_fp8 = alloc.empty((B, H, D), dtype, q.device)
     w_out = alloc.empty((B, H, 1), torch.float32, q.device)
