@@ -18,7 +18,6 @@ import torch
 from kernelgate import registry
 from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
 from kernelgate.ops import _fp8
-from kernelgate.testing import rel_err
 from kernelgate.ops.triton import indexer_q as kq
 
 DEADLINE_S = 80.0  # later rows print 'skipped (time)'

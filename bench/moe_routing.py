@@ -21,32 +21,6 @@ SHAPES = (("dsv3", 256, 8, 4), ("kimi", 256, 1, 1), ("k2", 384, 1, 1))
 SWEEP = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4))
 
 
-def _graph_us(fn, torch, reps: int = 200) -> float | None:
-    """Median-free mean device time per call from replaying `reps` calls in one CUDA graph."""
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        g.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / (5 * reps)
-    except Exception:  # noqa: BLE001 - e.g. a compiled callable that cannot be captured
-        return None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="+", default=[1, 64, 4096])
@@ -58,6 +32,7 @@ def main() -> int:
     import triton.testing
 
     from kernelgate import alloc, platform, registry
+    from kernelgate.benchmark import graph_us
     from kernelgate.ops.moe_routing import biased_grouped_topk_native
 
     device = platform.default_device()
@@ -95,7 +70,7 @@ def main() -> int:
                 ok &= same
                 us = triton.testing.do_bench((lambda: fn(*call)) if not label.startswith("triton-bt") else fn,
                                              warmup=25, rep=200, return_mode="median") * 1e3
-                gus = _graph_us((lambda: fn(*call)) if not label.startswith("triton-bt") else fn, torch)
+                gus = graph_us((lambda: fn(*call)) if not label.startswith("triton-bt") else fn, torch.device("cuda"))
                 rows.append(dict(shape=name, T=T, E=E, n_group=G, impl=label, correct=same, us=round(us, 2),
                                  graph_us=round(gus, 2) if gus is not None else None))
                 print(f"{name:<5} T={T:<5} E={E:<4} G={G:<2} {label:<18} {'ok ' if same else 'BAD'} "

@@ -6,23 +6,14 @@ block_size x 128 fp8 codes, then block_size fp32 scales), independent of the op 
 import pytest
 import torch
 
-from kernelgate import KernelgateError, alloc, platform, registry
+from kernelgate import KernelgateError, registry
+from impls import poisoned_impl
 
 STORE, LOGITS = "indexer_k_quant_and_cache", "fp8_paged_mqa_logits"
 E4M3 = torch.float8_e4m3fn
 
 
-def _impl(op, name):
-    impl = registry.get(op).impls[name]
-    why = impl.unavailable(platform.current())
-    if why:
-        pytest.skip(why)
-    fn = impl.callable()
-
-    def call(*args, **kwargs):
-        with alloc.poisoned():
-            return fn(*args, **kwargs)
-    return call
+_impl = poisoned_impl
 
 
 @pytest.fixture(params=["native", "triton"])

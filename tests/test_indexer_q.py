@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from kernelgate import KernelgateError, alloc, platform, registry
+from kernelgate import KernelgateError, platform, registry
+from impls import poisoned_impl
 from kernelgate.ops.indexer_q import precompute_freqs_cis
 
 OP = "fused_q_indexer_rope_hadamard_quant"
@@ -16,16 +17,7 @@ DTYPE = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 
 @pytest.fixture(params=["native", "triton"])
 def run(request):
-    impl = registry.get(OP).impls[request.param]
-    why = impl.unavailable(platform.current())
-    if why:
-        pytest.skip(why)
-    fn = impl.callable()
-
-    def call(*args, **kwargs):
-        with alloc.poisoned():
-            return fn(*args, **kwargs)
-    return call
+    return poisoned_impl(OP, request.param)
 
 
 def _scale(w_out, weight, weight_scale):

@@ -6,23 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelgate import KernelgateError, alloc, platform, registry
+from kernelgate import KernelgateError, registry
+from impls import poisoned_impl
 
 OP = "silu_and_mul_clamp"
 
 
 @pytest.fixture(params=["native", "triton"])
 def run(request):
-    impl = registry.get(OP).impls[request.param]
-    why = impl.unavailable(platform.current())
-    if why:
-        pytest.skip(why)
-    fn = impl.callable()
-
-    def call(*args):
-        with alloc.poisoned():
-            return fn(*args)
-    return call
+    return poisoned_impl(OP, request.param)
 
 
 def _silu(v):

@@ -24,8 +24,6 @@ dims each ([BLOCK_R, 32] tiles). Splitting by quarters makes both steps local:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl

@@ -8,7 +8,6 @@ slot < 0: only zeros are written to o; the state pool is not touched.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
