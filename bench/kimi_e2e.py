@@ -4,8 +4,14 @@ installed), all with the same random weights at Kimi-Linear-48B-A3B layer widths
 
     PYTHONPATH=. python bench/kimi_e2e.py [--layers 4] [--batches 1,16,64] [--prefill 8192]
 
-Checks correctness first (kernelgate vs HF logits on a short prompt), then prints a
-markdown table (and writes it, with JSON, to bench/results/kimi_e2e.*).
+Checks correctness first, then prints a markdown table (and writes it, with JSON, to
+bench/results/kimi_e2e.*). The reference is HF's pure-PyTorch kimi_linear (fla masked) in fp32
+on an upcast copy of the same bf16 weights, on 2 x 48 tokens:
+  - fp32: kernelgate (native ops, fp32) must match it (rel err < 1e-3; ~1e-6 on CPU);
+  - bf16: kernelgate's bf16 error must be within 2x of HF's own bf16 error (HF bf16, fla kernels
+    where installed). With random weights bf16 rounding flips near-tied MoE routing decisions
+    (top-8 of 256 with 0.01-spread biases), which moves those tokens' logits by ~10%: both HF
+    and kernelgate land at ~5-10% rel err in bf16, so an absolute bf16 threshold is meaningless.
 """
 from __future__ import annotations
 
@@ -27,9 +33,36 @@ TINY = dict(vocab_size=1024, hidden_size=64, intermediate_size=96, moe_intermedi
             num_local_experts=8, num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # --tiny: a smoke run of this script anywhere
 
 
+def hf_module(mask_fla: bool):
+    """transformers' kimi_linear modeling module. mask_fla: a private copy imported while
+    `import fla` fails, so it binds its own PyTorch fallbacks (fla's Triton kernels crash on a
+    CPU-only machine, and use TF32 / bf16 internally); the global modules are left as they were."""
+    import importlib
+    name = "transformers.models.kimi_linear.modeling_kimi_linear"
+    if not mask_fla:
+        return importlib.import_module(name)
+    ours = [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]
+    saved = {n: sys.modules.pop(n) for n in ours}
+    saved_fla = sys.modules.get("fla", False)
+    sys.modules["fla"] = None
+    try:
+        mod = importlib.import_module(name)
+    finally:
+        for n in [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]:
+            del sys.modules[n]
+        sys.modules.update(saved)
+        if saved_fla is False:
+            del sys.modules["fla"]
+        else:
+            sys.modules["fla"] = saved_fla
+    assert "fla" not in mod.chunk_kimi_delta_attention.__module__, "transformers still bound fla kernels"
+    return mod
+
+
 def hf_model(layers: int, device, dtype, tiny: bool = False):
     import torch
-    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+    from transformers import KimiLinearConfig
+    KimiLinearForCausalLM = hf_module(mask_fla=device.type == "cpu").KimiLinearForCausalLM
     n_mla = layers // 4
     kda = [i + 1 for i in range(layers) if (i + 1) % 4]
     width = 16 if tiny else 128
@@ -62,16 +95,74 @@ def kernelgate_model(hf, device, dtype):
     return model
 
 
-def check(ours, hf, device) -> dict:
+def hf_reference(hf, device):
+    """HF's pure-PyTorch model (fla masked) in fp32 holding an upcast copy of `hf`'s weights."""
+    import torch
+    with torch.device("meta"):
+        ref = hf_module(mask_fla=True).KimiLinearForCausalLM(hf.config)
+    ref = ref.to_empty(device=device).float().eval()
+    ref.load_state_dict(hf.state_dict())    # strict: every weight and buffer, upcast to fp32
+    return ref
+
+
+def run_logged(model, ids):
+    """fp32 logits [B, T, V] and, per MoE layer, each token's sorted expert ids [B*T, k]."""
+    import torch
+    routes = []
+
+    def keep(mod, inp, out):   # HF router -> (logits, weights, ids); kernelgate's -> (weights, ids)
+        routes.append(out[-1].reshape(-1, out[-1].shape[-1]).long().sort(-1).values)
+    hooks = [m.register_forward_hook(keep) for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    try:
+        with torch.no_grad():
+            out = model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return getattr(out, "logits", out).float(), routes
+
+
+def compare(got, ref) -> dict:
+    from kernelgate.testing import rel_err
+    (out, routes), (ref_out, ref_routes) = got, ref
+    flips = sum(int((a != b).any(-1).sum()) for a, b in zip(routes, ref_routes))
+    agree = (out.argmax(-1) == ref_out.argmax(-1)).float().mean().item()
+    return {"rel_err": rel_err(out, ref_out), "argmax_agree": agree,
+            "route_flips": f"{flips}/{sum(r.shape[0] for r in ref_routes)}"}   # token x MoE layer pairs
+
+
+def check(ours, hf, device, natives) -> dict:
+    """Errors vs the fp32 reference (see the module docstring) -> {path: {rel_err, argmax_agree, route_flips}}."""
     import torch
 
-    from kernelgate.testing import rel_err
+    from kernelgate import registry
     ids = torch.randint(0, 1000, (2, 48), device=device, generator=torch.Generator(device).manual_seed(0))
-    with torch.no_grad():
-        ref = hf(ids).logits.float()
-    out = ours(ids).float()
-    err, agree = rel_err(out, ref), (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    return {"rel_err": err, "argmax_agree": agree}
+    checks = {"HF bf16": run_logged(hf, ids), "kernelgate bf16": run_logged(ours, ids)}
+    with registry.forcing(natives):
+        checks["kernelgate bf16 native"] = run_logged(ours, ids)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False   # true fp32
+    try:
+        ref = hf_reference(hf, device)
+        want = run_logged(ref, ids)
+        del ref
+        ours32 = kernelgate_model(hf, device, torch.float32)
+        with registry.forcing(natives):
+            checks["kernelgate fp32 native"] = run_logged(ours32, ids)
+        del ours32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {k: compare(v, want) for k, v in checks.items()}
+
+
+def failures(checks: dict, fp32_tol: float = 1e-3, bf16_factor: float = 2.0, bf16_floor: float = 1e-3) -> list:
+    """Paths that disagree with the reference beyond fp32 rounding / HF's own bf16 noise."""
+    bad = [] if checks["kernelgate fp32 native"]["rel_err"] < fp32_tol else ["kernelgate fp32 native"]
+    noise = checks["HF bf16"]["rel_err"]
+    return bad + [k for k in ("kernelgate bf16", "kernelgate bf16 native")
+                  if not checks[k]["rel_err"] <= bf16_factor * noise + bf16_floor]
 
 
 def ours_decode(model, batch: int, prompt: int, steps: int, warm: int = 3) -> float:
@@ -167,14 +258,16 @@ def main(argv=None) -> int:
     hf = hf_model(args.layers, device, dtype, args.tiny)
     ours = kernelgate_model(hf, device, dtype)
     natives = {name: "native" for name in registry.ops()}
-    checks = {"kernel": check(ours, hf, device)}
-    with registry.forcing(natives):
-        checks["native"] = check(ours, hf, device)
-    print("correctness vs HF (bf16 logits, 2x48 tokens):", json.dumps(checks))
-    # random weights give near-tied top logits, so argmax agreement is reported, not required
-    bad = [k for k, c in checks.items() if not c["rel_err"] < 5e-2]
+    checks = check(ours, hf, device, natives)
+    print("correctness vs HF transformers fp32 (pure PyTorch, same weights upcast), 2x48 tokens:")
+    for k, c in checks.items():
+        print(f"  {k:24s} rel_err {c['rel_err']:.3e}  argmax_agree {c['argmax_agree']:.3f}  "
+              f"route_flips {c['route_flips']}")
+    # random weights give near-tied top logits and routing, so argmax agreement is reported, not required
+    bad = failures(checks)
     if bad:
-        print(f"kimi_e2e: {bad} disagree with HF transformers; not benchmarking")
+        print(f"kimi_e2e: {bad} disagree with HF transformers beyond rounding (fp32 rel err >= 1e-3, or bf16 "
+              f"rel err > 2x HF's own bf16 error); not benchmarking")
         return 2
     batches = [int(b) for b in args.batches.split(",")]
     rows = {}
