@@ -92,7 +92,8 @@ def cuda_main(prefill_only: bool = False):
         print(f"| {N} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {p * 1e3:.1f} | {floor:.1f} | {floor / (p * 1e3):.2f} |")
 
     from kernelgate.ops.kda_prefill import make_inputs
-    print("\n| prefill | registry kda_prefill (fla) ms | fla chunk_kda ms | ratio |\n|---|---:|---:|---:|")
+    print("\n| prefill | registry kda_prefill (fla) ms | same + host hints ms | fla chunk_kda ms | ratio (hints) |"
+          "\n|---|---:|---:|---:|---:|")
     for lens in ([8192], [2048] * 4):
         q, k, v, g, beta, state, cu, sl = (a.to(dev) for a in make_inputs(
             lens, list(range(len(lens))), H, K, V, "cpu", torch.bfloat16, torch.Generator().manual_seed(0)))
@@ -105,11 +106,14 @@ def cuda_main(prefill_only: bool = False):
         nat = registry.get("kda_prefill").reference(q, k, v, g, beta, ref_state.clone(), cu, sl)
         assert rel_err(o1, nat) < 3e-2, rel_err(o1, nat)
         cu_l, cu_cpu, init = cu.long(), cu.long().cpu(), state[sl.long()].contiguous()
+        hints = dict(cu_seqlens_cpu=cu.cpu(), slots_cpu=sl.cpu())   # what the engine passes
+        assert rel_err(impl(q, k, v, g, beta, ref_state.clone(), cu, sl, **hints), o1) < 1e-3
         r = _time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl), dev)
+        rh = _time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl, **hints), dev)
         d = _time_ms(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
                                        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_l,
                                        cu_seqlens_cpu=cu_cpu), dev)
-        print(f"| T{sum(lens)} N{len(lens)} | {r:.3f} | {d:.3f} | {r / d:.2f}x |")
+        print(f"| T{sum(lens)} N{len(lens)} | {r:.3f} | {rh:.3f} | {d:.3f} | {rh / d:.2f}x |")
 
 
 def per_token_loop(q, k, v, g, beta, S, scale):

@@ -3,7 +3,9 @@
 Tokens of all sequences are packed along dim 0 (`cu_seqlens`, int32 [N+1]); sequence i owns
 slot `slots[i]` in the state pool and already has `starts[i]` tokens cached there (its
 first new token sits at position `starts[i]`). `decode` means every sequence brings exactly
-one token, which lets layers take their single-step kernels.
+one token, which lets layers take their single-step kernels. `cu_seqlens_cpu` / `slots_cpu`
+are host copies of the same metadata (the scheduler builds it on the host): layers hand
+them to ops as hints so that no op needs a device->host copy, which would sync the stream.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ class StepBatch:
     starts: list                   # [N] python ints: tokens already cached per sequence
     lengths: list                  # [N] python ints: new tokens per sequence
     decode: bool
+    cu_seqlens_cpu: torch.Tensor | None = None   # int32 [N+1] on the CPU, same values
+    slots_cpu: torch.Tensor | None = None        # int32 [N] on the CPU, same values
 
     @property
     def num_seqs(self) -> int:
@@ -34,7 +38,8 @@ class StepBatch:
         cu = [0]
         for n in lengths:
             cu.append(cu[-1] + n)
-        return cls(cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
-                   slots=torch.tensor(slots, dtype=torch.int32, device=device),
+        cu_cpu = torch.tensor(cu, dtype=torch.int32)
+        slots_cpu = torch.tensor(slots, dtype=torch.int32)
+        return cls(cu_seqlens=cu_cpu.to(device), slots=slots_cpu.to(device),
                    starts=list(starts), lengths=list(lengths),
-                   decode=all(n == 1 for n in lengths))
+                   decode=all(n == 1 for n in lengths), cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)

@@ -9,6 +9,7 @@
 Prefill goes through `short_conv` + `kda_gate` + `kda_prefill` (varlen, cu_seqlens + slots);
 decode through `short_conv_update` + `kda_packed_decode` (gate, beta, l2norm, update and
 output in one op). The registry picks the kernels; nothing here looks at the platform.
+The batch's host copies of cu_seqlens / slots go to the prefill ops as hints (no syncs).
 """
 from __future__ import annotations
 
@@ -52,12 +53,14 @@ class KimiDeltaAttention(nn.Module):
             qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
             o = ops.kda_packed_decode(qkv, f, b, self.A_log, self.dt_bias, state, batch.slots, H, K)
         else:
+            cu_cpu, slots_cpu = batch.cu_seqlens_cpu, batch.slots_cpu   # host copies (None: ops sync)
             qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, batch.cu_seqlens,
-                                 batch.slots, "silu")
+                                 batch.slots, "silu", cu_seqlens_cpu=cu_cpu)
             q, k, v = (t.reshape(T, H, K) for t in qkv.split(H * K, dim=-1))
             g = ops.kda_gate(f, self.A_log, self.dt_bias)           # [T, H, K] fp32
             o = ops.kda_prefill(q, k, v, g, torch.sigmoid(b.float()).to(x.dtype), state,
-                                batch.cu_seqlens, batch.slots)      # [T, H, V]
+                                batch.cu_seqlens, batch.slots,
+                                cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)   # [T, H, V]
         gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
         o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
         return self.o_proj(o.reshape(T, H * K))

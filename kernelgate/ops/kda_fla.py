@@ -11,42 +11,56 @@ import torch
 from .. import alloc
 
 
-def _kept(slots, cu_seqlens=None):
-    """Indices of the sequences that run (host list; prefill/decode metadata is small)."""
-    sl = slots.tolist()
+def _kept(slots, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None):
+    """(indices of the sequences that run, slot list, bounds list or None), all host lists.
+    From the host hints when given; else a device->host copy (a sync on GPUs)."""
+    sl = (slots if slots_cpu is None else slots_cpu).tolist()
     if cu_seqlens is None:
-        return [n for n, s in enumerate(sl) if s >= 0], None
-    cu = cu_seqlens.tolist()
-    return [n for n, s in enumerate(sl) if s >= 0 and cu[n + 1] > cu[n]], cu
+        return [n for n, s in enumerate(sl) if s >= 0], sl, None
+    cu = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
+    return [n for n, s in enumerate(sl) if s >= 0 and cu[n + 1] > cu[n]], sl, cu
 
 
-def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True):
-    """kda_prefill through fla `chunk_kda` (varlen, initial/final states via the slot pool)."""
+def _upload(host: torch.Tensor, device) -> torch.Tensor:
+    """Host -> device copy that does not wait for the device (pinned, non-blocking on CUDA)."""
+    if torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
+                  cu_seqlens_cpu=None, slots_cpu=None):
+    """kda_prefill through fla `chunk_kda` (varlen, initial/final states via the slot pool).
+
+    fla takes neither skipped nor empty sequences, so when some are present the tokens of
+    the others are compacted ([Tk] index `tok`), run, and scattered back into zeros."""
     from fla.ops.kda import chunk_kda
 
-    kept, cu = _kept(slots, cu_seqlens)
-    N = len(cu) - 1
-    if len(kept) < N:  # compact the tokens of the sequences that run
-        o = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    kept, sl, cu = _kept(slots, cu_seqlens, slots_cpu, cu_seqlens_cpu)
+    N = len(sl)
+    if len(kept) == N:
+        run_cu = cu_seqlens.long()
+        run_cu_cpu = torch.tensor(cu, dtype=torch.long) if cu_seqlens_cpu is None else cu_seqlens_cpu.long()
+        idx = slots.long()
+        qr, kr, vr, gr, br = q, k, v, g, beta
+    else:
         if not kept:
-            return o
-        tok = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in kept]).to(q.device)
+            return torch.zeros(v.shape, dtype=v.dtype, device=v.device)
         lens = [cu[n + 1] - cu[n] for n in kept]
-        run_cu = [0]
-        for n_len in lens:
-            run_cu.append(run_cu[-1] + n_len)
-        out = chunk_prefill(q[tok], k[tok], v[tok], g[tok], beta[tok], state,
-                            torch.tensor(run_cu, dtype=cu_seqlens.dtype, device=q.device),
-                            slots[kept] if len(kept) else slots[:0], scale, qk_l2norm)
-        o[tok] = out
-        return o
-    idx = slots.long()
-    h0 = state.index_select(0, idx)                                          # [N, H, K, V]
-    o, ht = chunk_kda(q[None], k[None], v[None], g[None].float(), beta[None], scale=scale,
+        run_cu_cpu = torch.tensor([0] + lens, dtype=torch.long).cumsum(0)                  # [Nk+1]
+        tok = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in kept])                    # [Tk]
+        # one upload: token rows | compacted bounds | slots of the kept sequences
+        dev = _upload(torch.cat([tok, run_cu_cpu, torch.tensor([sl[n] for n in kept])]), q.device)
+        tok, run_cu, idx = dev.split([tok.numel(), len(kept) + 1, len(kept)])
+        qr, kr, vr, gr, br = (x.index_select(0, tok) for x in (q, k, v, g, beta))
+    h0 = state.index_select(0, idx)                                                       # [Nk, H, K, V]
+    o, ht = chunk_kda(qr[None], kr[None], vr[None], gr[None].float(), br[None], scale=scale,
                       initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm,
-                      cu_seqlens=cu_seqlens.long(), cu_seqlens_cpu=torch.tensor(cu, dtype=torch.long))
+                      cu_seqlens=run_cu, cu_seqlens_cpu=run_cu_cpu)
     state.index_copy_(0, idx, ht.float())
-    return o[0]
+    if len(kept) == N:
+        return o[0]
+    return torch.zeros(v.shape, dtype=v.dtype, device=v.device).index_copy_(0, tok, o[0])
 
 
 def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
@@ -54,7 +68,7 @@ def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm
     from fla.ops.kda import fused_recurrent_kda
 
     N = q.shape[0]
-    kept, _ = _kept(slots)
+    kept, _, _ = _kept(slots)
     o = alloc.empty(v.shape, v.dtype, v.device)
     if len(kept) < N:
         o.zero_()

@@ -7,6 +7,13 @@ along dim 0 (`cu_seqlens` [N+1]); sequence n starts from `state[slots[n]]` and i
 state is written back there. slot < 0: skipped, its outputs are zeros and no state is
 read or written. Output in v's dtype.
 
+Host hints (keyword-only, optional): `cu_seqlens_cpu` [N+1] and `slots_cpu` [N], CPU int
+tensors holding the same values as `cu_seqlens` / `slots`. A caller that already knows the
+batch layout on the host (the engine's StepBatch) passes them so that implementations need
+no device->host copy (a sync that would expose the launch cost of the kernels after it).
+Only their dtype, shape and device are checked; that the values match is the caller's
+responsibility (a mismatch gives wrong results, not an error).
+
 The native path is the matrix (WY / UT) form: the intra-chunk terms are batched over heads
 and a few chunks at a time (so they stay in cache), the chunk-to-chunk state hand-off is
 a loop of [H, C, K] @ [H, K, V] matmuls. Inside a chunk with cumulative decay
@@ -129,12 +136,13 @@ def kda_chunked(q, k, v, g, beta, S, scale, qk_l2norm):
     return o, S
 
 
-def kda_prefill_native(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True):
+def kda_prefill_native(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
+                       cu_seqlens_cpu=None, slots_cpu=None):
     """KDA varlen prefill reference (chunked matrix form); state updated in place at slots."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    bounds = cu_seqlens.tolist()
-    for n, slot in enumerate(slots.tolist()):
+    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
+    for n, slot in enumerate((slots if slots_cpu is None else slots_cpu).tolist()):
         s, e = bounds[n], bounds[n + 1]
         if slot < 0 or e == s:
             continue
@@ -144,7 +152,16 @@ def kda_prefill_native(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, q
     return o
 
 
-def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True):
+def validate_host_hint(op, name, hint, like):
+    """A host copy of the device tensor `like`: CPU, index dtype, same shape (values unchecked)."""
+    if hint is None:
+        return
+    checks.tensor(op, name, hint, shape=tuple(like.shape), dtype=INDEX)
+    checks.require(hint.device.type == "cpu", op, f"{name} must be a CPU tensor (host copy), got {hint.device}")
+
+
+def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
+             cu_seqlens_cpu=None, slots_cpu=None):
     checks.tensor(OP, "q", q, ndim=3, dtype=checks.FLOATS)
     T, H, K = q.shape
     dev = q.device
@@ -157,6 +174,8 @@ def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=T
     checks.require(cu_seqlens.shape[0] >= 2, OP, "cu_seqlens needs N+1 >= 2 entries")
     checks.tensor(OP, "slots", slots, shape=(cu_seqlens.shape[0] - 1,), dtype=INDEX, device=dev)
     checks.require(scale is None or scale > 0, OP, f"scale must be > 0, got {scale}")
+    validate_host_hint(OP, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
+    validate_host_hint(OP, "slots_cpu", slots_cpu, slots)
 
 
 # -- parity cases -------------------------------------------------------------------------
@@ -175,23 +194,30 @@ def make_inputs(lens, slots, H, K, V, device, dtype, gen, pool=None):
             cu.to(device), sl.to(device))
 
 
-def _case(lens, slots, H=2, K=32, V=32, l2=True):
+def host_hints(cu_seqlens, slots):
+    """The keyword hints a caller that knows the layout on the host passes (CPU copies)."""
+    return dict(cu_seqlens_cpu=cu_seqlens.cpu(), slots_cpu=slots.cpu())
+
+
+def _case(lens, slots, H=2, K=32, V=32, l2=True, hints=False):
     def make(device, dtype, gen):
-        return make_inputs(lens, slots, H, K, V, device, dtype, gen), dict(qk_l2norm=l2)
+        args = make_inputs(lens, slots, H, K, V, device, dtype, gen)
+        return args, dict(qk_l2norm=l2, **(host_hints(*args[6:8]) if hints else {}))
     return Case(f"L{'_'.join(map(str, lens))}-H{H}-K{K}-V{V}-slots{'_'.join(map(str, slots))}"
-                + ("" if l2 else "-nol2"), make)
+                + ("" if l2 else "-nol2") + ("-hints" if hints else ""), make)
 
 
 def cases():
     return [_case([1], [0]), _case([63], [1], K=60, V=60), _case([65, 3], [0, -1]),
-            _case([130, 1, 64, 17], [3, 0, 5, 1], H=3, V=16), _case([40, 24], [1, 0], l2=False)]
+            _case([130, 1, 64, 17], [3, 0, 5, 1], H=3, V=16), _case([40, 24], [1, 0], l2=False),
+            _case([17, 0, 70, 5], [2, 0, -1, 1], hints=True)]   # zero-length + skipped, host hints
 
 
 def bench_cases():
     def make(lens):
         def f(device, dtype, gen):
             args = make_inputs(lens, list(range(len(lens))), 32, 128, 128, "cpu", dtype, gen)
-            return tuple(a.to(device) for a in args), {}
+            return tuple(a.to(device) for a in args), host_hints(*args[6:8])   # as the engine calls it
         return f
     return [Case(f"T{sum(ls)}-N{len(ls)}-H32-K128", make(ls), dtypes=(torch.bfloat16,))
             for ls in ([8192], [2048] * 4)]

@@ -7,6 +7,9 @@ sequence's first token come from `conv_state[slots[n]]` [D, W-1] (oldest first) 
 last W-1 inputs (context included when the sequence is shorter) are written back there.
 slot < 0: zero initial context and no state read or write. Math in fp32, y in x's dtype.
 `short_conv_update` is the single-token decode form (x [N, D], one token per sequence).
+`short_conv` takes an optional keyword `cu_seqlens_cpu`: a CPU copy of `cu_seqlens` from a
+caller that knows the layout on the host, so that no implementation needs a device->host
+copy (sync). Its dtype, shape and device are checked; its values are the caller's word.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 
 from .. import checks
 from ..registry import GPU_TRITON, Case, declare
+from .kda_prefill import validate_host_hint
 
 ACTIVATIONS = ("silu", "swish", None)
 INDEX = (torch.int32, torch.int64)
@@ -31,13 +35,15 @@ def _conv(ctx, xs, weight, bias, activation):
     return y, full[:, full.shape[1] - (W - 1):]
 
 
-def short_conv_native(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu"):
+def short_conv_native(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None):
     """Short causal conv reference over a varlen batch; conv_state updated in place."""
     D, W = weight.shape
     y = torch.empty_like(x)
-    bounds = cu_seqlens.tolist()
+    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
     for n, slot in enumerate(slots.tolist()):
         s, e = bounds[n], bounds[n + 1]
+        if e == s:   # no tokens: nothing to compute, the context stays
+            continue
         ctx = conv_state[slot] if slot >= 0 else x.new_zeros(D, W - 1)
         out, new_ctx = _conv(ctx, x[s:e], weight, bias, activation)
         y[s:e] = out.to(x.dtype)
@@ -75,10 +81,11 @@ def _validate_common(op, x, weight, bias, conv_state, slots, activation, rows):
     checks.require(activation in ACTIVATIONS, op, f"activation {activation!r} not in {ACTIVATIONS}")
 
 
-def validate_short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu"):
+def validate_short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None):
     checks.tensor("short_conv", "cu_seqlens", cu_seqlens, ndim=1, dtype=INDEX)
     checks.require(cu_seqlens.shape[0] >= 2, "short_conv", "cu_seqlens needs N+1 >= 2 entries")
     _validate_common("short_conv", x, weight, bias, conv_state, slots, activation, cu_seqlens.shape[0] - 1)
+    validate_host_hint("short_conv", "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
 
 
 def validate_update(x, weight, bias, conv_state, slots, activation="silu"):
@@ -96,18 +103,21 @@ def _inputs(gen, device, dtype, T, D, W, S, bias):
     return x, weight, b, state
 
 
-def _conv_case(lens, slots, D, W=4, bias=True, act="silu"):
+def _conv_case(lens, slots, D, W=4, bias=True, act="silu", hints=False):
     def make(device, dtype, gen):
         x, w, b, state = _inputs(gen, device, dtype, sum(lens), D, W, max(slots) + 2, bias)
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=device)
-        return (x, w, b, state, cu, torch.tensor(slots, dtype=torch.int32, device=device)), dict(activation=act)
+        kw = dict(activation=act, **(dict(cu_seqlens_cpu=cu.cpu()) if hints else {}))
+        return (x, w, b, state, cu, torch.tensor(slots, dtype=torch.int32, device=device)), kw
     lid = "L" + "_".join(map(str, lens))
-    return Case(f"{lid}-D{D}-W{W}-slots{'_'.join(map(str, slots))}{'' if bias else '-nobias'}-{act}", make)
+    return Case(f"{lid}-D{D}-W{W}-slots{'_'.join(map(str, slots))}{'' if bias else '-nobias'}-{act}"
+                + ("-hints" if hints else ""), make)
 
 
 def conv_cases():
     return [_conv_case([1], [0], 64), _conv_case([63, 2, 65], [2, -1, 0], 60),
-            _conv_case([3, 17, 1, 40], [1, 4, 3, 0], 96, bias=False, act=None)]
+            _conv_case([3, 17, 1, 40], [1, 4, 3, 0], 96, bias=False, act=None),
+            _conv_case([5, 0, 33], [0, 2, -1], 64, hints=True)]
 
 
 def _update_case(N, slots, D, W=4, bias=True, act="silu"):

@@ -114,7 +114,7 @@ def short_conv_update(x, weight, bias, conv_state, slots, activation="silu"):
     return y
 
 
-def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu"):
+def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None):
     _check(x, weight)
     T, D = x.shape
     W = weight.shape[1]
@@ -122,7 +122,9 @@ def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu"
     y = alloc.empty((T, D), x.dtype, x.device)
     if T == 0:
         return y
-    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    # the T-block grid dim needs the longest sequence on the host: from the hint, else a sync
+    cu_host = cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu
+    max_len = int((cu_host[1:] - cu_host[:-1]).max())
     BT, BD = 16, min(128, triton.next_power_of_2(D))
     _conv_varlen_kernel[(N, triton.cdiv(D, BD), triton.cdiv(max_len, BT))](
         x, weight, bias if bias is not None else weight, conv_state, cu_seqlens, slots, y, x.stride(0),
