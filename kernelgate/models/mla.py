@@ -55,8 +55,10 @@ class MLAttention(nn.Module):
             o = self._decode(q, cache, batch)
         else:
             o = torch.empty(T, self.H, self.Dv, dtype=x.dtype, device=x.device)
-            bounds = batch.cu_seqlens.tolist()
-            for i, (s, n) in enumerate(zip(batch.slots.tolist(), batch.lengths)):
+            # host copies of the metadata where the engine has them: no device sync per layer
+            bounds = (batch.cu_seqlens if batch.cu_seqlens_cpu is None else batch.cu_seqlens_cpu).tolist()
+            slots = (batch.slots if batch.slots_cpu is None else batch.slots_cpu).tolist()
+            for i, (s, n) in enumerate(zip(slots, batch.lengths)):
                 t0, t1, p0 = bounds[i], bounds[i + 1], batch.starts[i]
                 cache[s, p0:p0 + n] = latent[t0:t1].to(cache.dtype)
                 o[t0:t1] = self._prefill(q[t0:t1], cache[s, :p0 + n], p0)
@@ -78,7 +80,6 @@ class MLAttention(nn.Module):
 
     def _decode(self, q, cache, batch):
         """q [N, H, Dn+Dr], one token per sequence -> [N, H, Dv], attending over the latent cache."""
-        N = q.shape[0]
         w = self.kv_b_proj.weight.view(self.H, self.Dn + self.Dv, self.R)
         w_uk, w_uv = w[:, :self.Dn], w[:, self.Dn:]                  # [H, Dn, R], [H, Dv, R]
         q_n, q_r = q.split([self.Dn, self.Dr], dim=-1)
