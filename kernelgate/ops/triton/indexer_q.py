@@ -63,11 +63,11 @@ def _rope_interleaved(x, fptr, m2, R: tl.constexpr):
 
 
 @triton.jit
-def _bfly(x, R: tl.constexpr, S: tl.constexpr):
-    """One radix-2 stage (pairs i, i + S) of the natural-order Walsh-Hadamard transform of [R, 32]."""
-    y = tl.permute(tl.reshape(x, (R, 32 // (2 * S), 2, S)), (0, 1, 3, 2))
+def _bfly(x, R: tl.constexpr, S: tl.constexpr, W: tl.constexpr):
+    """One radix-2 stage (pairs i, i + S) of the natural-order Walsh-Hadamard transform of [R, W]."""
+    y = tl.permute(tl.reshape(x, (R, W // (2 * S), 2, S)), (0, 1, 3, 2))
     a, b = tl.split(y)
-    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (R, 32))
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (R, W))
 
 
 @triton.jit
@@ -79,16 +79,19 @@ def _dot(a, hm, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _had32(v, hm, R: tl.constexpr, HMODE: tl.constexpr, PREC: tl.constexpr, DOT_F32: tl.constexpr):
-    """v [R, 32] fp32 times the +-1 Sylvester matrix hm [32, 32] fp32."""
+def _had32(v, hm, R: tl.constexpr, HMODE: tl.constexpr, PREC: tl.constexpr, DOT_F32: tl.constexpr,
+           W: tl.constexpr):
+    """v [R, W] fp32 times the +-1 Sylvester matrix hm [W, W] fp32 (W = 32 or 16)."""
     if HMODE == 0:
         return tl.dot(v, hm, input_precision=PREC)
     elif HMODE == 3:
-        v = _bfly(v, R, 1)
-        v = _bfly(v, R, 2)
-        v = _bfly(v, R, 4)
-        v = _bfly(v, R, 8)
-        return _bfly(v, R, 16)
+        v = _bfly(v, R, 1, W)
+        v = _bfly(v, R, 2, W)
+        v = _bfly(v, R, 4, W)
+        v = _bfly(v, R, 8, W)
+        if W == 32:
+            v = _bfly(v, R, 16, W)
+        return v
     else:
         hi = v.to(tl.bfloat16)
         r = v - hi.to(tl.float32)                               # exact
@@ -166,10 +169,10 @@ def _indexer_q_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
         u3 = x2 - x3
         hm = tl.load(h_ptr + cols[:, None] * 32 + cols[None, :])    # [32, 32] of +-1
         norm = 0.08838834764831845                                  # 1/sqrt(128), as the reference
-        x0 = _had32(u0 + u2, hm, BLOCK_R, HMODE, PREC, DOT_F32) * norm
-        x1 = _had32(u1 + u3, hm, BLOCK_R, HMODE, PREC, DOT_F32) * norm
-        x2 = _had32(u0 - u2, hm, BLOCK_R, HMODE, PREC, DOT_F32) * norm
-        x3 = _had32(u1 - u3, hm, BLOCK_R, HMODE, PREC, DOT_F32) * norm
+        x0 = _had32(u0 + u2, hm, BLOCK_R, HMODE, PREC, DOT_F32, 32) * norm
+        x1 = _had32(u1 + u3, hm, BLOCK_R, HMODE, PREC, DOT_F32, 32) * norm
+        x2 = _had32(u0 - u2, hm, BLOCK_R, HMODE, PREC, DOT_F32, 32) * norm
+        x3 = _had32(u1 - u3, hm, BLOCK_R, HMODE, PREC, DOT_F32, 32) * norm
     amax = tl.maximum(tl.maximum(tl.max(tl.abs(x0), 1), tl.max(tl.abs(x1), 1)),
                       tl.maximum(tl.max(tl.abs(x2), 1), tl.max(tl.abs(x3), 1)))
     scale = tl.maximum(amax, 1e-4) / fmax                          # [R]
@@ -189,10 +192,10 @@ _tuned = autotune_or_fixed(
     key=["H", "V4", "HADAMARD", "HMODE", "ROPE_SPLIT"], fixed={"BLOCK_R": BLOCK_R})(_indexer_q_kernel)
 
 
-def _h32(device) -> torch.Tensor:
-    key = str(device)
+def _h32(device, n: int = 32) -> torch.Tensor:
+    key = (str(device), n)
     if key not in _H32:
-        _H32[key] = sylvester_hadamard(32).to(device)               # +-1, exact in bf16
+        _H32[key] = sylvester_hadamard(n).to(device)                # +-1, exact in bf16
     return _H32[key]
 
 
@@ -223,7 +226,14 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     meta = dict(V4=variant == "v4", HADAMARD=use_h, FNUZ=fp8_format == "e4m3fnuz",
                 PREC="tf32x3" if nvidia else "ieee", HMODE=HMODES[cfg["hmode"]],
                 DOT_F32=not nvidia, HW_ENCODE=bool(cfg["hw_encode"]) and nvidia and fp8_format == "e4m3fn",
-                FAST_DIV=bool(cfg["fast_div"]), ROPE_SPLIT=bool(cfg["rope_split"]))
+                FAST_DIV=bool(cfg["fast_div"]))
+    if cfg.get("form", "rows") == "tok":   # token-major programs, see indexer_q_tok.py
+        from .indexer_q_tok import launch_tok
+        launch_tok(q, weight, weight_scale, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8),
+                   w_out, fmax, meta, tok=cfg.get("tok", 1), pieces=cfg.get("pieces", 4),
+                   heads=cfg.get("heads", 128), num_warps=cfg.get("num_warps", 4))
+        return q_fp8, w_out
+    meta["ROPE_SPLIT"] = bool(cfg["rope_split"])
     args = (q, weight, torch.view_as_real(freqs_cis), positions, _h32(q.device),
             q_fp8.view(torch.uint8), w_out, n_rows, H, q.stride(0), q.stride(1),
             weight.stride(0), weight.stride(1), float(weight_scale), fmax)

@@ -1,0 +1,213 @@
+"""Triton kernel: indexer query prep, token-major form (one program = TOK tokens x HB heads).
+
+Same op and arithmetic as indexer_q.py (see its docstring for HMODE and the fp8 encoders); what
+changes is the split of the work, to cut what the row-major kernel spends besides bytes:
+- rows r = t * HB + h of TOK tokens x HB heads (HB = next power of two >= H, masked; at least 16
+  rows so tl.dot compiles), so the RoPE cos/sin are loaded once per token -- a [1, n] vector when
+  TOK = 1, broadcast over the heads -- instead of a gathered [R, 32] pointer tile per row.
+- PIECES = 4 ([R, 32] quarters, H128 = H4 (x) H32) or 8 ([R, 16] eighths, H128 = H8 (x) H16): the
+  butterfly across pieces is elementwise (no data movement), the within-piece part is the HMODE
+  form on W = 128 / PIECES columns; eighths halve the MMA work (8 x 16^2 vs 4 x 32^2 per row).
+  (A whole-row [R, 128] x [128, 128] dot is 4x the quarters' MMA work -- 3xTF32 at T4096 x H64
+  is ~26 GFLOP, ~50 us of tensor-core peak -- so there is no whole-row form.)
+RoPE: v4 rotates interleaved pairs inside the upper pieces (view [R, W/2, 2] and split: the pair
+is in one thread's registers); v3.2 pairs (i, 32 + i) are the same lane of two pieces (quarters
+0/1, or eighths 0/2 and 1/3), so they need no data movement either.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .indexer_q import _h32, _had32, _quant, _rope_pair
+
+NORM = 0.08838834764831845  # 1/sqrt(128), applied after the transform as the reference does
+
+
+@triton.jit
+def _freqs(f_ptr, pos, FIRST: tl.constexpr, N: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
+    """cos, sin of pair indices FIRST .. FIRST+N-1 for the program's TOK tokens (pos [TOK] int64),
+    shaped to broadcast over its rows: [1, N] when TOK == 1, else [TOK * HB, N]."""
+    j = FIRST + tl.arange(0, N)
+    fb = (f_ptr + pos * 64)[:, None] + 2 * j[None, :]               # [TOK, N]; (cos, sin) interleaved
+    c = tl.load(fb)
+    s = tl.load(fb + 1)
+    if TOK > 1:
+        c = tl.reshape(tl.broadcast_to(c[:, None, :], (TOK, HB, N)), (TOK * HB, N))
+        s = tl.reshape(tl.broadcast_to(s[:, None, :], (TOK, HB, N)), (TOK * HB, N))
+    return c, s
+
+
+@triton.jit
+def _rope_il(x, c, s, R: tl.constexpr, W: tl.constexpr):
+    """x [R, W] = W/2 interleaved pairs rotated by c, s (broadcastable to [R, W/2])."""
+    a, b = tl.split(tl.reshape(x, (R, W // 2, 2)))
+    a, b = _rope_pair(a, b, c, s)
+    return tl.reshape(tl.join(a, b), (R, W))
+
+
+@triton.jit
+def _ld(base, K: tl.constexpr, W: tl.constexpr, m2):
+    return tl.load(base + K * W + tl.arange(0, W)[None, :], mask=m2, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _st(out, K: tl.constexpr, W: tl.constexpr, x, inv, sc, fmax, m2,
+        FNUZ: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.constexpr):
+    tl.store(out + K * W + tl.arange(0, W)[None, :], _quant(x, inv, sc, fmax, FNUZ, HW, FAST_DIV), mask=m2)
+
+
+@triton.jit
+def _h2(a, b):
+    return a + b, a - b
+
+
+@triton.jit
+def _amax(x):
+    return tl.max(tl.abs(x), 1)
+
+
+@triton.jit
+def _body4(base, out, m2, f_ptr, pos, h_ptr, fmax, V4: tl.constexpr, HADAMARD: tl.constexpr,
+           FNUZ: tl.constexpr, PREC: tl.constexpr, HMODE: tl.constexpr, DOT_F32: tl.constexpr,
+           HW: tl.constexpr, FAST_DIV: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
+    R: tl.constexpr = TOK * HB
+    x0 = _ld(base, 0, 32, m2)
+    x1 = _ld(base, 1, 32, m2)
+    x2 = _ld(base, 2, 32, m2)
+    x3 = _ld(base, 3, 32, m2)
+    if V4:
+        c, s = _freqs(f_ptr, pos, 0, 16, TOK, HB)
+        x2 = _rope_il(x2, c, s, R, 32)
+        c, s = _freqs(f_ptr, pos, 16, 16, TOK, HB)
+        x3 = _rope_il(x3, c, s, R, 32)
+    else:
+        c, s = _freqs(f_ptr, pos, 0, 32, TOK, HB)
+        x0, x1 = _rope_pair(x0, x1, c, s)
+    if HADAMARD:
+        cols = tl.arange(0, 32)
+        hm = tl.load(h_ptr + cols[:, None] * 32 + cols[None, :])    # [32, 32] of +-1
+        x0, x2 = _h2(x0, x2)                                        # H4 across quarters
+        x1, x3 = _h2(x1, x3)
+        x0, x1 = _h2(x0, x1)
+        x2, x3 = _h2(x2, x3)
+        x0 = _had32(x0, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+        x1 = _had32(x1, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+        x2 = _had32(x2, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+        x3 = _had32(x3, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+    amax = tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3)))
+    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
+    sc = scale[:, None]
+    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
+    _st(out, 0, 32, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 1, 32, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 2, 32, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 3, 32, x3, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    return scale
+
+
+@triton.jit
+def _body8(base, out, m2, f_ptr, pos, h_ptr, fmax, V4: tl.constexpr, HADAMARD: tl.constexpr,
+           FNUZ: tl.constexpr, PREC: tl.constexpr, HMODE: tl.constexpr, DOT_F32: tl.constexpr,
+           HW: tl.constexpr, FAST_DIV: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
+    R: tl.constexpr = TOK * HB
+    x0 = _ld(base, 0, 16, m2)
+    x1 = _ld(base, 1, 16, m2)
+    x2 = _ld(base, 2, 16, m2)
+    x3 = _ld(base, 3, 16, m2)
+    x4 = _ld(base, 4, 16, m2)
+    x5 = _ld(base, 5, 16, m2)
+    x6 = _ld(base, 6, 16, m2)
+    x7 = _ld(base, 7, 16, m2)
+    if V4:   # eighth 4 + k holds pairs 8k .. 8k + 7
+        c, s = _freqs(f_ptr, pos, 0, 8, TOK, HB)
+        x4 = _rope_il(x4, c, s, R, 16)
+        c, s = _freqs(f_ptr, pos, 8, 8, TOK, HB)
+        x5 = _rope_il(x5, c, s, R, 16)
+        c, s = _freqs(f_ptr, pos, 16, 8, TOK, HB)
+        x6 = _rope_il(x6, c, s, R, 16)
+        c, s = _freqs(f_ptr, pos, 24, 8, TOK, HB)
+        x7 = _rope_il(x7, c, s, R, 16)
+    else:    # pair i < 16: eighths 0 / 2; pair 16 + i: eighths 1 / 3
+        c, s = _freqs(f_ptr, pos, 0, 16, TOK, HB)
+        x0, x2 = _rope_pair(x0, x2, c, s)
+        c, s = _freqs(f_ptr, pos, 16, 16, TOK, HB)
+        x1, x3 = _rope_pair(x1, x3, c, s)
+    if HADAMARD:
+        cols = tl.arange(0, 16)
+        hm = tl.load(h_ptr + cols[:, None] * 16 + cols[None, :])    # [16, 16] of +-1
+        x0, x4 = _h2(x0, x4)                                        # H8 across eighths: bit 2
+        x1, x5 = _h2(x1, x5)
+        x2, x6 = _h2(x2, x6)
+        x3, x7 = _h2(x3, x7)
+        x0, x2 = _h2(x0, x2)                                        # bit 1
+        x1, x3 = _h2(x1, x3)
+        x4, x6 = _h2(x4, x6)
+        x5, x7 = _h2(x5, x7)
+        x0, x1 = _h2(x0, x1)                                        # bit 0
+        x2, x3 = _h2(x2, x3)
+        x4, x5 = _h2(x4, x5)
+        x6, x7 = _h2(x6, x7)
+        x0 = _had32(x0, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x1 = _had32(x1, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x2 = _had32(x2, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x3 = _had32(x3, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x4 = _had32(x4, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x5 = _had32(x5, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x6 = _had32(x6, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+        x7 = _had32(x7, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
+    amax = tl.maximum(tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3))),
+                      tl.maximum(tl.maximum(_amax(x4), _amax(x5)), tl.maximum(_amax(x6), _amax(x7))))
+    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
+    sc = scale[:, None]
+    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
+    _st(out, 0, 16, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 1, 16, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 2, 16, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 3, 16, x3, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 4, 16, x4, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 5, 16, x5, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 6, 16, x6, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 7, 16, x7, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    return scale
+
+
+@triton.jit
+def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
+                          B, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
+                          V4: tl.constexpr, HADAMARD: tl.constexpr, FNUZ: tl.constexpr,
+                          PREC: tl.constexpr, HMODE: tl.constexpr, DOT_F32: tl.constexpr,
+                          HW_ENCODE: tl.constexpr, FAST_DIV: tl.constexpr,
+                          TOK: tl.constexpr, HB: tl.constexpr, PIECES: tl.constexpr):
+    r = tl.arange(0, TOK * HB)                                      # [R], r = t * HB + h
+    toks = tl.program_id(0) * TOK + tl.arange(0, TOK)               # [TOK]
+    tok = tl.program_id(0) * TOK + r // HB
+    head = tl.program_id(1) * HB + r % HB
+    rmask = (tok < B) & (head < H)
+    m2 = rmask[:, None]
+    base = (q_ptr + tok.to(tl.int64) * s_qb + head * s_qh)[:, None]
+    out = (qo_ptr + (tok.to(tl.int64) * H + head) * 128)[:, None]
+    pos = tl.load(pos_ptr + toks, mask=toks < B, other=0).to(tl.int64)
+    if PIECES == 4:
+        scale = _body4(base, out, m2, f_ptr, pos, h_ptr, fmax, V4, HADAMARD, FNUZ, PREC, HMODE, DOT_F32,
+                       HW_ENCODE, FAST_DIV, TOK, HB)
+    else:
+        scale = _body8(base, out, m2, f_ptr, pos, h_ptr, fmax, V4, HADAMARD, FNUZ, PREC, HMODE, DOT_F32,
+                       HW_ENCODE, FAST_DIV, TOK, HB)
+    w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(wo_ptr + tok * H + head, w * weight_scale * scale, mask=rmask)
+
+
+def launch_tok(q, weight, weight_scale, freqs_real, positions, q_u8, w_out, fmax, meta,
+               tok=1, pieces=4, heads=128, num_warps=4):
+    """Grid: (token blocks, head blocks). tok and the head block are rounded to powers of two and
+    grown to >= 16 rows per program (tl.dot's minimum)."""
+    B, H, _ = q.shape
+    hb = min(triton.next_power_of_2(H), heads)
+    tok = triton.next_power_of_2(max(tok, triton.cdiv(16, hb)))
+    grid = (triton.cdiv(B, tok), triton.cdiv(H, hb))
+    extra = {"num_warps": num_warps} if num_warps else {}
+    _indexer_q_tok_kernel[grid](
+        q, weight, freqs_real, positions, _h32(q.device, 128 // pieces), q_u8, w_out,
+        B, H, q.stride(0), q.stride(1), weight.stride(0), weight.stride(1), float(weight_scale), fmax,
+        **meta, TOK=tok, HB=hb, PIECES=pieces, **extra)
