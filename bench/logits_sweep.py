@@ -1,0 +1,138 @@
+"""Sweep the fp8_paged_mqa_logits Triton kernel's launch variants on CUDA (orientation q x K^T /
+K x q^T, operand decode fp8 / bf16 / f16 / f16bits, head-sum form, tile, warps, stages, grid
+size) on the op's bench cases.
+
+Each variant is first checked against the native reference on the same inputs (the parity
+compare: rtol 2e-4 on the finite logits, -inf at identical positions); a variant that fails
+is still timed, marked NOT EXACT: the fp8-MMA rows show what exactness costs. After the
+timing rows, a few variants (PARITY_TOO) are checked on the op's small parity cases too (a
+one-token context is where Hopper's fp8 MMA missed by 4e-3). Times are CUDA-graph replays;
+`of floor` = byte-floor time (the case's byte count at measured copy bandwidth) / kernel time;
+`vs native` = native time / kernel time.
+Run: PYTHONPATH=. python bench/logits_sweep.py
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kernelgate import registry
+from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
+from kernelgate.testing import assert_close
+
+DEADLINE_S = 90.0  # rows past their share print 'skipped (time)' (a second run finds Triton's cache warm)
+TIMING_S = 78.0    # the bench cases' share; case i may run until T0 + TIMING_S * sum(SHARES[:i+1])
+SHARES = (0.4, 0.35, 0.25)  # the first two compile every variant (next_n 1, 2); the third reuses
+T0 = time.time()
+OP = "fp8_paged_mqa_logits"
+
+KQ = dict(kq=True, operand="f16", hsum="reshape", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4)
+VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotunes)
+    ("CONFIG", {}),
+    ("qk fp8 T64 w4 s3 (previous kernel)", "QK_FP8"),
+    ("kq fp8 T64 w4 s3", dict(KQ, operand="fp8")),
+    ("kq f16 T64 w4 s3", KQ),
+    ("kq bf16 T64 w4 s3", dict(KQ, operand="bf16")),
+    ("kq f16bits T64 w4 s3", dict(KQ, operand="f16bits")),
+    ("kq f16 T64 w4 s3 hsum=mask", dict(KQ, hsum="mask")),
+    ("kq f16 T64 w4 s2", dict(KQ, num_stages=2)),
+    ("kq f16 T64 w4 s4", dict(KQ, num_stages=4)),
+    ("kq f16 T128 w4 s3", dict(KQ, block_t=128)),
+    ("kq f16 T128 w8 s3", dict(KQ, block_t=128, num_warps=8)),
+    ("kq f16 T256 w8 s2", dict(KQ, block_t=256, num_warps=8, num_stages=2)),
+    ("kq f16 T64 w4 s3 P528", dict(KQ, programs=528)),
+    ("kq f16 T64 w4 s3 P2112 min1", dict(KQ, programs=2112, min_tiles=1)),
+    ("kq f16 T64 w4 s3 min8", dict(KQ, min_tiles=8)),
+    ("qk f16 T64 w4 s3", dict(KQ, kq=False)),
+    ("qk bf16 T64 w8 s3", dict(KQ, kq=False, operand="bf16", num_warps=8)),
+]
+PARITY_TOO = {"CONFIG", "kq fp8 T64 w4 s3", "kq f16 T64 w4 s3", "kq bf16 T64 w4 s3", "kq f16bits T64 w4 s3"}
+
+
+def _time(fn, dev):
+    us = graph_us(fn, dev)
+    return us if us is not None else time_ms(fn, dev) * 1e3
+
+
+def _check(run, args, ref, rtol):
+    out = run(*args)
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref)), "-inf positions differ"
+    assert_close(out, ref, rtol)
+
+
+def _row(case, name, check, fn, dev, floor_us, native_us, deadline):
+    if time.time() > deadline:
+        print(f"| {case} | {name} | skipped (time) | | | |")
+        return
+    try:
+        check()
+        note = "ok"
+    except AssertionError as e:
+        note = f"NOT EXACT: {str(e)[:80]}"
+    except Exception as e:  # noqa: BLE001 - report the variant, go on with the others
+        print(f"| {case} | {name} | FAIL: {type(e).__name__}: {str(e)[:90]} | | | |", flush=True)
+        return
+    try:
+        us = _time(fn, dev)
+    except Exception as e:  # noqa: BLE001
+        print(f"| {case} | {name} | FAIL timing: {type(e).__name__}: {str(e)[:80]} | | | |", flush=True)
+        return
+    print(f"| {case} | {name} | {us:.1f} | {floor_us / us:.3f} | {native_us / us:.1f}x | {note} |", flush=True)
+
+
+def sweep(dev, bw):
+    from kernelgate.ops.triton import indexer_logits as kl
+    op = registry.get(OP)
+    variants = [(name, kl.QK_FP8 if cfg == "QK_FP8" else cfg) for name, cfg in VARIANTS]
+    cases = op.bench_cases()
+    for i, case in enumerate(cases):
+        deadline = T0 + TIMING_S * sum(SHARES[:i + 1])
+        dtype = case.dtypes[0]
+        args, kw = case.make(dev, dtype, torch.Generator().manual_seed(0))
+        floor_us = case.bytes(args, kw) / bw / 1e3
+        ref = op.reference(*args, **kw)
+        native_us = _time(lambda: op.reference(*args, **kw), dev)
+        print(f"| {case.id} | native | {native_us:.1f} | {floor_us / native_us:.3f} | 1x | floor {floor_us:.1f} us |",
+              flush=True)
+        for name, cfg in variants:
+            def run(*a, cfg=cfg):
+                return kl.launch(*a, **cfg)
+            _row(case.id, name, lambda run=run: _check(run, args, ref, op.rtol[dtype]),
+                 lambda run=run: run(*args), dev, floor_us, native_us, deadline)
+        del args, ref
+    # the op's small parity cases (odd contexts, a one-token context, next_n 2 and 3)
+    parity = [(c, c.make(dev, torch.float8_e4m3fn, torch.Generator().manual_seed(1234))[0]) for c in op.cases()]
+    parity = [(c, a, op.reference(*a)) for c, a in parity]
+    for name, cfg in variants:
+        if name not in PARITY_TOO:
+            continue
+        if time.time() - T0 > DEADLINE_S:
+            print(f"| parity cases | {name} | skipped (time) | | | |")
+            continue
+        bad = []
+        for c, a, ref in parity:
+            try:
+                _check(lambda *x, cfg=cfg: kl.launch(*x, **cfg), a, ref, op.rtol[torch.float8_e4m3fn])
+            except AssertionError as e:
+                bad.append(f"{c.id}: {str(e)[:60]}")
+        note = "ok" if not bad else "NOT EXACT: " + "; ".join(bad)[:200]
+        print(f"| {len(parity)} parity cases | {name} | | | | {note} |", flush=True)
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return
+    from kernelgate.ops.triton import indexer_logits as kl
+    dev = torch.device("cuda")
+    bw = copy_bandwidth(dev)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, copy bandwidth {bw:.0f} GB/s; "
+          f"logits CONFIG {kl.CONFIG}")
+    print("| case | variant | µs (graph) | of floor | vs native | check |\n|---|---|---:|---:|---:|---|")
+    sweep(dev, bw)
+    print(f"total {time.time() - T0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
