@@ -37,14 +37,17 @@ from .indexer_fp8 import encode_e4m3
 
 BLOCK_R = 64  # rows per program under the interpreter; autotuned on GPUs unless CONFIG pins it
 HMODES = {"fp32": 0, "bf16x3": 2, "butterfly": 3}
-# Launch choices on CUDA, per variant: the winners of bench/indexer_sweep.py on the H200
-# (2026-11-29, T4096 x H64, CUDA-graph time): v4 R64 w4 fp32 Hadamard 76.8 us (bf16x3 85.1,
-# butterfly 83.8); v3.2 R64 w4 without the split RoPE 39.2 us (with it 47.9).
-# block_r / num_warps None = autotuned.
-CONFIG = dict(hmode="fp32", hw_encode=True, fast_div=True, rope_split=True, block_r=64, num_warps=4)
-CONFIG_V32 = dict(CONFIG, rope_split=False)
+# Launch choices on CUDA, per variant. form "rows": this file's kernel (block_r rows per program,
+# None = autotuned); form "tok": indexer_q_tok.py (tok tokens x all heads per program, pieces 4 / 8
+# / 16 column pieces). Measured on the H200 (2026-11-29, T4096 x H64, CUDA graph), rows form: v4
+# R64 w4 fp32 Hadamard 76.8 us (bf16x3 85.1, butterfly 83.8); v3.2 R64 w4 without the split RoPE
+# 39.2 us (with it 47.9). The tok choices below are unmeasured guesses: bench/indexer_sweep.py.
+ROWS = dict(form="rows", hmode="fp32", hw_encode=True, fast_div=True, rope_split=True, block_r=64, num_warps=4)
+CONFIG = dict(ROWS, form="tok", tok=2, pieces=16)
+CONFIG_V32 = dict(ROWS, form="tok", tok=2, pieces=4, rope_split=False)
 # Under the interpreter and on non-NVIDIA backends: portable choices.
-PORTABLE = dict(hmode="bf16x3", hw_encode=False, fast_div=False, rope_split=True, block_r=None, num_warps=None)
+PORTABLE = dict(form="rows", hmode="bf16x3", hw_encode=False, fast_div=False, rope_split=True, block_r=None,
+                num_warps=None)
 _H32: dict = {}
 
 
@@ -81,15 +84,16 @@ def _dot(a, hm, DOT_F32: tl.constexpr):
 @triton.jit
 def _had32(v, hm, R: tl.constexpr, HMODE: tl.constexpr, PREC: tl.constexpr, DOT_F32: tl.constexpr,
            W: tl.constexpr):
-    """v [R, W] fp32 times the +-1 Sylvester matrix hm [W, W] fp32 (W = 32 or 16)."""
+    """v [R, W] fp32 times the +-1 Sylvester matrix hm [W, W] fp32 (W = 32, 16 or 8; 8 only as butterfly)."""
     if HMODE == 0:
         return tl.dot(v, hm, input_precision=PREC)
     elif HMODE == 3:
         v = _bfly(v, R, 1, W)
         v = _bfly(v, R, 2, W)
         v = _bfly(v, R, 4, W)
-        v = _bfly(v, R, 8, W)
-        if W == 32:
+        if W >= 16:
+            v = _bfly(v, R, 8, W)
+        if W >= 32:
             v = _bfly(v, R, 16, W)
         return v
     else:

@@ -8,6 +8,8 @@ changes is the split of the work, to cut what the row-major kernel spends beside
 - PIECES = 4 ([R, 32] quarters, H128 = H4 (x) H32) or 8 ([R, 16] eighths, H128 = H8 (x) H16): the
   butterfly across pieces is elementwise (no data movement), the within-piece part is the HMODE
   form on W = 128 / PIECES columns; eighths halve the MMA work (8 x 16^2 vs 4 x 32^2 per row).
+  PIECES = 16 ([R, 8] sixteenths, H16 (x) H8) uses no MMA: a piece is one 16-byte bf16 vector
+  per thread, so the 8-point butterfly inside it should stay in registers (HMODE is ignored).
   (A whole-row [R, 128] x [128, 128] dot is 4x the quarters' MMA work -- 3xTF32 at T4096 x H64
   is ~26 GFLOP, ~50 us of tensor-core peak -- so there is no whole-row form.)
 RoPE: v4 rotates interleaved pairs inside the upper pieces (view [R, W/2, 2] and split: the pair
@@ -65,6 +67,33 @@ def _h2(a, b):
 @triton.jit
 def _amax(x):
     return tl.max(tl.abs(x), 1)
+
+
+@triton.jit
+def _rope4(x, f_ptr, pos, FIRST: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
+    c, s = _freqs(f_ptr, pos, FIRST, 4, TOK, HB)
+    return _rope_il(x, c, s, TOK * HB, 8)
+
+
+@triton.jit
+def _h8(x0, x1, x2, x3, x4, x5, x6, x7, R: tl.constexpr):
+    """H8 across eight [R, 8] pieces (elementwise), then the in-piece 8-point butterfly."""
+    x0, x4 = _h2(x0, x4)
+    x1, x5 = _h2(x1, x5)
+    x2, x6 = _h2(x2, x6)
+    x3, x7 = _h2(x3, x7)
+    x0, x2 = _h2(x0, x2)
+    x1, x3 = _h2(x1, x3)
+    x4, x6 = _h2(x4, x6)
+    x5, x7 = _h2(x5, x7)
+    x0, x1 = _h2(x0, x1)
+    x2, x3 = _h2(x2, x3)
+    x4, x5 = _h2(x4, x5)
+    x6, x7 = _h2(x6, x7)
+    return (_had32(x0, x0, R, 3, "ieee", True, 8) * NORM, _had32(x1, x1, R, 3, "ieee", True, 8) * NORM,
+            _had32(x2, x2, R, 3, "ieee", True, 8) * NORM, _had32(x3, x3, R, 3, "ieee", True, 8) * NORM,
+            _had32(x4, x4, R, 3, "ieee", True, 8) * NORM, _had32(x5, x5, R, 3, "ieee", True, 8) * NORM,
+            _had32(x6, x6, R, 3, "ieee", True, 8) * NORM, _had32(x7, x7, R, 3, "ieee", True, 8) * NORM)
 
 
 @triton.jit
@@ -173,6 +202,85 @@ def _body8(base, out, m2, f_ptr, pos, h_ptr, fmax, V4: tl.constexpr, HADAMARD: t
 
 
 @triton.jit
+def _body16(base, out, m2, f_ptr, pos, fmax, V4: tl.constexpr, HADAMARD: tl.constexpr,
+            FNUZ: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
+    """Sixteenths [R, 8]: one 16-byte vector of bf16 per row and thread, so the 8-point butterfly
+    inside a piece can stay in registers and H16 across pieces is elementwise: no MMA at all."""
+    R: tl.constexpr = TOK * HB
+    x0 = _ld(base, 0, 8, m2)
+    x1 = _ld(base, 1, 8, m2)
+    x2 = _ld(base, 2, 8, m2)
+    x3 = _ld(base, 3, 8, m2)
+    x4 = _ld(base, 4, 8, m2)
+    x5 = _ld(base, 5, 8, m2)
+    x6 = _ld(base, 6, 8, m2)
+    x7 = _ld(base, 7, 8, m2)
+    x8 = _ld(base, 8, 8, m2)
+    x9 = _ld(base, 9, 8, m2)
+    xa = _ld(base, 10, 8, m2)
+    xb = _ld(base, 11, 8, m2)
+    xc = _ld(base, 12, 8, m2)
+    xd = _ld(base, 13, 8, m2)
+    xe = _ld(base, 14, 8, m2)
+    xf = _ld(base, 15, 8, m2)
+    if V4:   # piece 8 + k holds pairs 4k .. 4k + 3
+        x8 = _rope4(x8, f_ptr, pos, 0, TOK, HB)
+        x9 = _rope4(x9, f_ptr, pos, 4, TOK, HB)
+        xa = _rope4(xa, f_ptr, pos, 8, TOK, HB)
+        xb = _rope4(xb, f_ptr, pos, 12, TOK, HB)
+        xc = _rope4(xc, f_ptr, pos, 16, TOK, HB)
+        xd = _rope4(xd, f_ptr, pos, 20, TOK, HB)
+        xe = _rope4(xe, f_ptr, pos, 24, TOK, HB)
+        xf = _rope4(xf, f_ptr, pos, 28, TOK, HB)
+    else:    # pair 8k + i: pieces k / 4 + k
+        c, s = _freqs(f_ptr, pos, 0, 8, TOK, HB)
+        x0, x4 = _rope_pair(x0, x4, c, s)
+        c, s = _freqs(f_ptr, pos, 8, 8, TOK, HB)
+        x1, x5 = _rope_pair(x1, x5, c, s)
+        c, s = _freqs(f_ptr, pos, 16, 8, TOK, HB)
+        x2, x6 = _rope_pair(x2, x6, c, s)
+        c, s = _freqs(f_ptr, pos, 24, 8, TOK, HB)
+        x3, x7 = _rope_pair(x3, x7, c, s)
+    if HADAMARD:   # H16 across pieces (bits 3..0 of the piece index), then H8 inside each
+        x0, x8 = _h2(x0, x8)
+        x1, x9 = _h2(x1, x9)
+        x2, xa = _h2(x2, xa)
+        x3, xb = _h2(x3, xb)
+        x4, xc = _h2(x4, xc)
+        x5, xd = _h2(x5, xd)
+        x6, xe = _h2(x6, xe)
+        x7, xf = _h2(x7, xf)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _h8(x0, x1, x2, x3, x4, x5, x6, x7, R)
+        x8, x9, xa, xb, xc, xd, xe, xf = _h8(x8, x9, xa, xb, xc, xd, xe, xf, R)
+    amax = tl.maximum(tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3))),
+                      tl.maximum(tl.maximum(_amax(x4), _amax(x5)), tl.maximum(_amax(x6), _amax(x7))))
+    amax = tl.maximum(amax, tl.maximum(tl.maximum(tl.maximum(_amax(x8), _amax(x9)),
+                                                  tl.maximum(_amax(xa), _amax(xb))),
+                                       tl.maximum(tl.maximum(_amax(xc), _amax(xd)),
+                                                  tl.maximum(_amax(xe), _amax(xf)))))
+    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
+    sc = scale[:, None]
+    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
+    _st(out, 0, 8, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 1, 8, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 2, 8, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 3, 8, x3, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 4, 8, x4, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 5, 8, x5, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 6, 8, x6, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 7, 8, x7, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 8, 8, x8, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 9, 8, x9, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 10, 8, xa, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 11, 8, xb, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 12, 8, xc, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 13, 8, xd, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 14, 8, xe, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    _st(out, 15, 8, xf, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
+    return scale
+
+
+@triton.jit
 def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
                           B, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
                           V4: tl.constexpr, HADAMARD: tl.constexpr, FNUZ: tl.constexpr,
@@ -188,7 +296,9 @@ def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
     base = (q_ptr + tok.to(tl.int64) * s_qb + head * s_qh)[:, None]
     out = (qo_ptr + (tok.to(tl.int64) * H + head) * 128)[:, None]
     pos = tl.load(pos_ptr + toks, mask=toks < B, other=0).to(tl.int64)
-    if PIECES == 4:
+    if PIECES == 16:
+        scale = _body16(base, out, m2, f_ptr, pos, fmax, V4, HADAMARD, FNUZ, HW_ENCODE, FAST_DIV, TOK, HB)
+    elif PIECES == 4:
         scale = _body4(base, out, m2, f_ptr, pos, h_ptr, fmax, V4, HADAMARD, FNUZ, PREC, HMODE, DOT_F32,
                        HW_ENCODE, FAST_DIV, TOK, HB)
     else:
