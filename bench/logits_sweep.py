@@ -100,7 +100,6 @@ def sweep(dev, bw):
                 return kl.launch(*a, **cfg)
             _row(case.id, name, lambda run=run: _check(run, args, ref, op.rtol[dtype]),
                  lambda run=run: run(*args), dev, floor_us, native_us, deadline)
-        del args, ref
     # the op's small parity cases (odd contexts, a one-token context, next_n 2 and 3)
     parity = [(c, c.make(dev, torch.float8_e4m3fn, torch.Generator().manual_seed(1234))[0]) for c in op.cases()]
     parity = [(c, a, op.reference(*a)) for c, a in parity]

@@ -142,7 +142,8 @@ def test_every_code_decodes(name, fmt):
     k = codes.view(fmt).float()
     want = k.clamp(min=0) + 2 * (-k).clamp(min=0)
     bad = (out[0] != want).nonzero().flatten().tolist()
-    assert not bad, f"codes {[hex(c) for c in bad[:8]]} decode to {out[0][bad[:8]].tolist()}, want {want[bad[:8]].tolist()}"
+    assert not bad, (f"codes {[hex(c) for c in bad[:8]]} decode to {out[0][bad[:8]].tolist()}, "
+                     f"want {want[bad[:8]].tolist()}")
 
 
 def test_unknown_launch_option_is_rejected():
