@@ -71,24 +71,26 @@ def _upcast(byte, FNUZ: tl.constexpr, OPERAND: tl.constexpr, DOT_F32: tl.constex
 @triton.jit
 def _dot(a, b, DOT_F32: tl.constexpr):
     if DOT_F32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
+        acc = tl.dot(a, b, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b)
+    return acc
 
 
 @triton.jit
 def _head_sum(s, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr, HSUM_MASK: tl.constexpr):
     """s [BLOCK_T, NQP * HP] (column = query i * HP + head) -> [BLOCK_T, NQP]."""
     if NQP == 1:
-        return tl.sum(s, 1)[:, None]
+        acc = tl.sum(s, 1)[:, None]
     elif HSUM_MASK:  # NQP full-width sums, no reshape (which may convert layouts through SMEM)
         col = tl.arange(0, NQP * HP)[None, :] // HP
         qn = tl.arange(0, NQP)[None, :]
         acc = tl.zeros((BLOCK_T, NQP), tl.float32)
         for i in tl.static_range(NQP):
             acc = tl.where(qn == i, tl.sum(tl.where(col == i, s, 0.0), 1)[:, None], acc)
-        return acc
     else:
-        return tl.sum(tl.reshape(s, (BLOCK_T, NQP, HP)), 2)
+        acc = tl.sum(tl.reshape(s, (BLOCK_T, NQP, HP)), 2)
+    return acc
 
 
 @triton.jit
