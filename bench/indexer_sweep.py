@@ -1,5 +1,6 @@
 """Sweep the indexer q kernel's variants on CUDA: fused_q_indexer_rope_hadamard_quant
-(Hadamard form, fp8 encode, division, RoPE form, rows per program), on the op's bench cases.
+(program form: row-major or token-major "tok" with 4 / 8 / 16 column pieces; Hadamard form,
+fp8 encode, rows per program, warps), on the op's bench cases.
 (A keys x q^T form of the fp8_paged_mqa_logits kernel was swept here on 2026-11-29: every
 variant missed the parity bound on the H200 -- Hopper's fp8 MMA accumulation, 2.3e-4 and
 4e-3 on a one-token context -- so it was reverted; time that op with `kernelgate bench`.)
@@ -20,21 +21,26 @@ from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
 from kernelgate.ops import _fp8
 from kernelgate.ops.triton import indexer_q as kq
 
-DEADLINE_S = 80.0  # later rows print 'skipped (time)'
+DEADLINE_S = 90.0  # later rows print 'skipped (time)'
 T0 = time.time()
 
-Q_VARIANTS = {   # name -> kq.launch overrides (rows per program, warps pinned so nothing autotunes)
+ROWS = dict(kq.ROWS)   # the row-major kernel's last measured best, as a baseline
+
+
+def _tok(tok, pieces, w, **kw):
+    return (f"tok{tok} p{pieces} w{w}" + "".join(f" {k}={v}" for k, v in kw.items()),
+            dict(form="tok", tok=tok, pieces=pieces, num_warps=w, **kw))
+
+
+Q_VARIANTS = {   # name -> kq.launch overrides, best guesses first (warps pinned so nothing autotunes)
     "v4": [("CONFIG", {}),
-           *[(f"R{r} w{w}", dict(block_r=r, num_warps=w)) for r, w in ((32, 4), (64, 4), (64, 8), (128, 8))],
-           ("R64 w4 hmode=fp32 (3xTF32)", dict(block_r=64, num_warps=4, hmode="fp32")),
-           ("R64 w4 hmode=butterfly", dict(block_r=64, num_warps=4, hmode="butterfly")),
-           ("R64 w4 hw_encode=False", dict(block_r=64, num_warps=4, hw_encode=False)),
-           ("R64 w4 fast_div=False", dict(block_r=64, num_warps=4, fast_div=False)),
-           ("R64 w4 rope_split=False", dict(block_r=64, num_warps=4, rope_split=False))],
+           _tok(2, 16, 4), _tok(1, 16, 2), _tok(4, 16, 8), _tok(1, 16, 4),
+           _tok(1, 8, 4, hmode="fp32"), _tok(2, 8, 8, hmode="fp32"), _tok(1, 8, 4, hmode="bf16x3"),
+           _tok(1, 8, 4, hmode="butterfly"), _tok(1, 4, 4, hmode="fp32"), _tok(2, 16, 4, hw_encode=False),
+           ("rows R64 w4 fp32 (old CONFIG)", ROWS)],
     "v32": [("CONFIG", {}),
-            *[(f"R{r} w{w}", dict(block_r=r, num_warps=w)) for r, w in ((32, 4), (64, 4), (128, 8))],
-            ("R64 w4 hw_encode=False", dict(block_r=64, num_warps=4, hw_encode=False)),
-            ("R64 w4 rope_split=False", dict(block_r=64, num_warps=4, rope_split=False))],
+            _tok(2, 4, 4), _tok(1, 4, 4), _tok(4, 4, 8), _tok(2, 8, 4), _tok(2, 16, 4),
+            ("rows R64 w4 rope_split=False (old CONFIG)", dict(ROWS, rope_split=False))],
 }
 
 

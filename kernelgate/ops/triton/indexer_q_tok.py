@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .indexer_q import _h32, _had32, _quant, _rope_pair
 
-NORM = 0.08838834764831845  # 1/sqrt(128), applied after the transform as the reference does
+NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128), applied after the transform as the reference does
 
 
 @triton.jit
