@@ -30,24 +30,14 @@ OP = "fp8_paged_mqa_logits"
 KQ = dict(kq=True, operand="f16", hsum="reshape", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4)
 VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotunes)
     ("CONFIG", {}),
-    ("qk fp8 T64 w4 s3 (previous kernel)", "QK_FP8"),
-    ("kq fp8 T64 w4 s3", dict(KQ, operand="fp8")),
+    ("kq fp8promote T64 w4 s3 hsum=mask", dict(KQ, operand="fp8promote", hsum="mask")),
+    ("kq fp8promote T64 w4 s3", dict(KQ, operand="fp8promote")),
+    ("kq fp8 T64 w4 s3 hsum=mask", dict(KQ, operand="fp8", hsum="mask")),
+    ("kq f16 T64 w4 s2 hsum=mask", dict(KQ, num_stages=2, hsum="mask")),
     ("kq f16 T64 w4 s3", KQ),
-    ("kq bf16 T64 w4 s3", dict(KQ, operand="bf16")),
-    ("kq f16bits T64 w4 s3", dict(KQ, operand="f16bits")),
-    ("kq f16 T64 w4 s3 hsum=mask", dict(KQ, hsum="mask")),
-    ("kq f16 T64 w4 s2", dict(KQ, num_stages=2)),
-    ("kq f16 T64 w4 s4", dict(KQ, num_stages=4)),
-    ("kq f16 T128 w4 s3", dict(KQ, block_t=128)),
-    ("kq f16 T128 w8 s3", dict(KQ, block_t=128, num_warps=8)),
-    ("kq f16 T256 w8 s2", dict(KQ, block_t=256, num_warps=8, num_stages=2)),
-    ("kq f16 T64 w4 s3 P528", dict(KQ, programs=528)),
-    ("kq f16 T64 w4 s3 P2112 min1", dict(KQ, programs=2112, min_tiles=1)),
-    ("kq f16 T64 w4 s3 min8", dict(KQ, min_tiles=8)),
-    ("qk f16 T64 w4 s3", dict(KQ, kq=False)),
-    ("qk bf16 T64 w8 s3", dict(KQ, kq=False, operand="bf16", num_warps=8)),
+    ("qk fp8 T64 w4 s3 (previous kernel)", "QK_FP8"),
 ]
-PARITY_TOO = {"CONFIG", "kq fp8 T64 w4 s3", "kq f16 T64 w4 s3", "kq bf16 T64 w4 s3", "kq f16bits T64 w4 s3"}
+PARITY_TOO = {"CONFIG", "kq fp8promote T64 w4 s3 hsum=mask", "kq fp8 T64 w4 s3 hsum=mask"}
 
 
 def _time(fn, dev):

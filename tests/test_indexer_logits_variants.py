@@ -30,6 +30,7 @@ VARIANTS = {   # id -> launch overrides
     "qk-f16bits": dict(kq=False, operand="f16bits"),
     "qk-fp8": dict(kq=False, operand="fp8"),                   # the fp8 MMA kernel (interpreter: exact)
     "kq-fp8": dict(kq=True, operand="fp8"),
+    "kq-fp8promote": dict(kq=True, operand="fp8promote"),   # interpreter: same exact dot
 }
 EXACT_ON_GPU = ("f16bits", "f16", "bf16")     # fp8 MMA accumulation misses 2e-4 on Hopper
 

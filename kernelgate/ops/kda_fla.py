@@ -21,6 +21,24 @@ def _kept(slots, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None):
     return [n for n, s in enumerate(sl) if s >= 0 and cu[n + 1] > cu[n]], sl, cu
 
 
+_LONG: dict = {}
+
+
+def _long(t: torch.Tensor) -> torch.Tensor:
+    """t as int64, the same object for repeated calls with the same (unchanged) tensor: fla
+    memoizes its chunk indices by argument identity, so the layers of one engine step (which
+    share the batch's cu_seqlens) compute them once instead of once per layer."""
+    if t.dtype == torch.long:
+        return t
+    key = (id(t), t._version)
+    hit = _LONG.get(key)
+    if hit is None or hit[0] is not t:
+        if len(_LONG) >= 8:
+            _LONG.clear()
+        hit = _LONG[key] = (t, t.long())       # keeps t alive, so its id is not reused
+    return hit[1]
+
+
 def _upload(host: torch.Tensor, device) -> torch.Tensor:
     """Host -> device copy that does not wait for the device (pinned, non-blocking on CUDA)."""
     if torch.device(device).type == "cuda":
@@ -39,8 +57,8 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
     kept, sl, cu = _kept(slots, cu_seqlens, slots_cpu, cu_seqlens_cpu)
     N = len(sl)
     if len(kept) == N:
-        run_cu = cu_seqlens.long()
-        run_cu_cpu = torch.tensor(cu, dtype=torch.long) if cu_seqlens_cpu is None else cu_seqlens_cpu.long()
+        run_cu = _long(cu_seqlens)
+        run_cu_cpu = torch.tensor(cu, dtype=torch.long) if cu_seqlens_cpu is None else _long(cu_seqlens_cpu)
         idx = slots.long()
         qr, kr, vr, gr, br = q, k, v, g, beta
     else:

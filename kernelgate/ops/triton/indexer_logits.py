@@ -20,6 +20,9 @@ exact in both, products are exact and the MMA accumulates in fp32. "f16bits" dec
 byte with integer ops -- sign << 15 | magnitude << 7 is the fp16 whose value is the code's
 times 2^-(15 - bias), subnormals included -- and folds the power of two into the key scale;
 it needs no fp8 conversion instruction (so it also decodes e4m3fnuz on NVIDIA).
+"fp8promote" keeps fp8 MMA but passes max_num_imprecise_acc=32: on sm90 Triton's default
+(2^30) never promotes the tensor core's reduced-precision partial sums; 32 promotes them to
+fp32 after every 32 products, as DeepGEMM does.
 
 Under the interpreter (DOT_F32) fp8 -> bf16 conversion and bf16 tl.dot are not reliable
 (Triton 3.9): the upcast operands go through fp32 and an IEEE fp32 dot -- the same exact
@@ -37,11 +40,11 @@ from .. import _fp8
 from ..fp8_paged_mqa import OP_LOGITS, TOKEN_BYTES, cache_blocks
 from .indexer_fp8 import as_fp8
 
-OPERANDS = {"fp8": 0, "bf16": 1, "f16": 2, "f16bits": 3}
+OPERANDS = {"fp8": 0, "bf16": 1, "f16": 2, "f16bits": 3, "fp8promote": 4}
 # Launch choices on NVIDIA GPUs (the lead sets the winners of bench/logits_sweep.py here).
 # programs: the grid aims at about this many (sequence, split) programs; min_tiles: at least
 # this many tiles per program (q is loaded and upcast once per program).
-CONFIG = dict(kq=True, operand="f16", hsum="reshape", block_t=64, num_warps=4, num_stages=3,
+CONFIG = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_stages=3,
               programs=1056, min_tiles=4)
 # The kernel before the keys x q^T work (fp8 q x K^T): the choice on other GPUs.
 QK_FP8 = dict(kq=False, operand="fp8", hsum="reshape", block_t=64, num_warps=4, num_stages=3,
@@ -59,7 +62,7 @@ def _upcast(byte, FNUZ: tl.constexpr, OPERAND: tl.constexpr, DOT_F32: tl.constex
             x = x.to(tl.float32)
     elif DOT_F32:
         x = as_fp8(byte, FNUZ).to(tl.float32)
-    elif OPERAND == 0:
+    elif OPERAND == 0 or OPERAND == 4:
         x = as_fp8(byte, FNUZ)
     elif OPERAND == 1:
         x = as_fp8(byte, FNUZ).to(tl.bfloat16)
@@ -69,9 +72,11 @@ def _upcast(byte, FNUZ: tl.constexpr, OPERAND: tl.constexpr, DOT_F32: tl.constex
 
 
 @triton.jit
-def _dot(a, b, DOT_F32: tl.constexpr):
+def _dot(a, b, DOT_F32: tl.constexpr, OPERAND: tl.constexpr):
     if DOT_F32:
         acc = tl.dot(a, b, input_precision="ieee")
+    elif OPERAND == 4:   # fp8 MMA, partial sums promoted to fp32 every 32 products along K (sm90)
+        acc = tl.dot(a, b, max_num_imprecise_acc=32)
     else:
         acc = tl.dot(a, b)
     return acc
@@ -155,14 +160,14 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
         k = _upcast(kb, FNUZ, OPERAND, DOT_F32)
         ks = ks * kscale                                           # 1, or the f16bits decode's 2^(30 - 2 bias)
         if KQ:
-            s = _dot(k, q, DOT_F32)                                # [BLOCK_T, ROWS] fp32
+            s = _dot(k, q, DOT_F32, OPERAND)                                # [BLOCK_T, ROWS] fp32
             s = tl.maximum(s, 0.0) * w[None, :]
             acc = _head_sum(s, NQP, HP, BLOCK_T, HSUM_MASK) * ks[:, None]     # [BLOCK_T, NQP]
             valid = (t < ctx)[:, None] & (t[:, None] <= q_pos[None, :])
             tl.store(out_q[None, :] + t[:, None], tl.where(valid, acc, float("-inf")),
                      mask=qmask[None, :] & (t < max_len)[:, None])
         else:
-            s = _dot(q, k, DOT_F32)                                # [ROWS, BLOCK_T] fp32
+            s = _dot(q, k, DOT_F32, OPERAND)                                # [ROWS, BLOCK_T] fp32
             s = tl.maximum(s, 0.0) * w[:, None]
             if NQP == 1:
                 acc = tl.sum(s, 0)[None, :]
