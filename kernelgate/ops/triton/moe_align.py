@@ -5,9 +5,18 @@ expert's run padded to a multiple of BLOCK_M, so every GEMM row-block belongs to
                          block_expert [num_blocks]            expert of each row-block, -1 past the end
 
 `num_blocks` is an upper bound known on the host (no device sync); blocks past the real
-end have expert -1 and the GEMM programs for them exit at once. Ids outside [0, E) are left
-out. One program does everything: E is at most a few hundred, so the per-chunk
-[CHUNK, E] one-hot matrices stay small and the whole permutation is one launch.
+end have expert -1 (the GEMM programs for them exit at once) and hold only padding. Ids
+outside [0, E) are left out. Within an expert's run pairs keep their order (ascending p),
+so the output is a pure function of the input: no atomics, same result every call.
+
+Three launches, grid sizes from P, E and BLOCK_M only (CUDA-graph safe):
+  1. _count_kernel    grid (C,)       per chunk of CHUNK pairs: hist[c, e] and each pair's
+                                      rank among the chunk's pairs of its expert
+  2. _scan_kernel     grid (1,)       hist -> exclusive prefix over chunks (in place), expert
+                                      counts -> padded run starts        (skipped when C == 1)
+  3. _scatter_kernel  grid (C + NBC,) pairs: dest = start[e] + offset[c, e] + rank;
+                                      row-blocks: block_expert and padding slots = P
+With one chunk (decode) launch 1 also does launch 2's work, so small P costs two launches.
 """
 from __future__ import annotations
 
@@ -17,50 +26,87 @@ import triton.language as tl
 
 from ... import alloc
 
-
-@triton.jit
-def _onehot(ids_ptr, p0, P, E, e_offs, CHUNK: tl.constexpr):
-    """[CHUNK, E_PAD] int32: 1 where pair p0+i routes to expert column e (valid ids only)."""
-    p = p0 + tl.arange(0, CHUNK)
-    ids = tl.load(ids_ptr + p, mask=p < P, other=-1).to(tl.int32)
-    hit = (ids[:, None] == e_offs[None, :]) & (e_offs[None, :] < E)
-    return hit.to(tl.int32), p
+_TILE = 16384        # int32 elements per [rows, experts] register tile
 
 
 @triton.jit
-def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, P, E, num_blocks,
-                  BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                  B_CHUNK: tl.constexpr):
-    e_offs = tl.arange(0, E_PAD)
-    # pass 1: pairs per expert -> padded run [starts, ends) of each expert
-    counts = tl.zeros([E_PAD], dtype=tl.int32)
-    for p0 in range(0, P, CHUNK):
-        hit, p = _onehot(ids_ptr, p0, P, E, e_offs, CHUNK)
-        counts += tl.sum(hit, axis=0)
+def _store_runs(hist_ptr, run_ptr, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr):
+    """counts [E] at hist_ptr -> run_ptr[0:E_PAD] = padded run starts, run_ptr[E_PAD:] = counts."""
+    e = tl.arange(0, E_PAD)
+    counts = tl.load(hist_ptr + e, mask=e < E, other=0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
-    # pass 2: each pair goes to starts[e] + (pairs of e before it)
-    seen = tl.zeros([E_PAD], dtype=tl.int32)
-    for p0 in range(0, P, CHUNK):
-        hit, p = _onehot(ids_ptr, p0, P, E, e_offs, CHUNK)
-        rank = tl.cumsum(hit, axis=0) - hit + seen[None, :] + starts[None, :]   # [CHUNK, E_PAD]
-        dest = tl.sum(hit * rank, axis=1)
-        tl.store(sorted_ptr + dest, p, mask=tl.sum(hit, axis=1) > 0)
-        seen += tl.sum(hit, axis=0)
-    # row-blocks: the expert whose padded run holds the block, and padding slots set to P
-    for b0 in range(0, num_blocks, B_CHUNK):
-        b = b0 + tl.arange(0, B_CHUNK)
+    starts = tl.cumsum(padded, axis=0) - padded
+    tl.store(run_ptr + e, starts)
+    tl.store(run_ptr + E_PAD + e, counts)
+
+
+@triton.jit
+def _count_kernel(ids_ptr, hist_ptr, rank_ptr, run_ptr, P, E,
+                  BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                  E_TILE: tl.constexpr, SINGLE: tl.constexpr):
+    c = tl.program_id(0)
+    p = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + p, mask=p < P, other=-1).to(tl.int32)
+    rank = tl.zeros([CHUNK], dtype=tl.int32)
+    for e0 in range(0, E_PAD, E_TILE):   # experts in tiles keep [CHUNK, E_TILE] small for any E
+        e = e0 + tl.arange(0, E_TILE)
+        hit = ((ids[:, None] == e[None, :]) & (e[None, :] < E)).to(tl.int32)    # [CHUNK, E_TILE]
+        before = tl.cumsum(hit, axis=0) - hit                  # same-expert pairs earlier in chunk
+        rank += tl.sum(hit * before, axis=1)
+        tl.store(hist_ptr + c * E + e, tl.sum(hit, axis=0), mask=e < E)
+    tl.store(rank_ptr + p, rank, mask=p < P)
+    if SINGLE:   # one chunk: its histogram is the expert counts; read back this program's stores
+        tl.debug_barrier()
+        _store_runs(hist_ptr, run_ptr, E, BLOCK_M, E_PAD)
+
+
+@triton.jit
+def _scan_kernel(hist_ptr, run_ptr, C, E,
+                 BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, C_BLK: tl.constexpr):
+    """hist [C, E] -> exclusive prefix over chunks in place; counts (the totals) -> runs."""
+    e = tl.arange(0, E_PAD)
+    carry = tl.zeros([E_PAD], dtype=tl.int32)
+    for c0 in range(0, C, C_BLK):
+        c = c0 + tl.arange(0, C_BLK)
+        ptrs = hist_ptr + c[:, None] * E + e[None, :]
+        ok = (c[:, None] < C) & (e[None, :] < E)
+        h = tl.load(ptrs, mask=ok, other=0)                               # [C_BLK, E_PAD]
+        tl.store(ptrs, tl.cumsum(h, axis=0) - h + carry[None, :], mask=ok)
+        carry += tl.sum(h, axis=0)
+    padded = (carry + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    tl.store(run_ptr + e, tl.cumsum(padded, axis=0) - padded)
+    tl.store(run_ptr + E_PAD + e, carry)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, hist_ptr, rank_ptr, run_ptr, sorted_ptr, block_expert_ptr,
+                    P, E, C, num_blocks, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr,
+                    CHUNK: tl.constexpr, B_CHUNK: tl.constexpr, HAS_OFFSETS: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid < C:   # pairs of chunk pid -> their slot in the expert's run
+        p = pid * CHUNK + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + p, mask=p < P, other=-1).to(tl.int32)
+        valid = (p < P) & (ids >= 0) & (ids < E)
+        e = tl.where(valid, ids, 0)
+        dest = tl.load(run_ptr + e, mask=valid, other=0) + tl.load(rank_ptr + p, mask=valid, other=0)
+        if HAS_OFFSETS:
+            dest += tl.load(hist_ptr + pid * E + e, mask=valid, other=0)
+        tl.store(sorted_ptr + dest, p, mask=valid)
+    else:         # row-blocks: owning expert (-1 past the end); slots past the expert's pairs -> P
+        b = (pid - C) * B_CHUNK + tl.arange(0, B_CHUNK)
+        e_offs = tl.arange(0, E_PAD)
+        starts = tl.load(run_ptr + e_offs)
+        counts = tl.load(run_ptr + E_PAD + e_offs)
+        ends = tl.where(e_offs < E, starts + (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 2147483647)
         first = b * BLOCK_M
         e_b = tl.sum((ends[None, :] <= first[:, None]).to(tl.int32), axis=1)    # [B_CHUNK]
         live = e_b < E
         tl.store(block_expert_ptr + b, tl.where(live, e_b, -1), mask=b < num_blocks)
-        sel = (e_offs[None, :] == e_b[:, None]).to(tl.int32)                    # [B_CHUNK, E_PAD]
-        start_b = tl.sum(sel * starts[None, :], axis=1)
-        count_b = tl.sum(sel * counts[None, :], axis=1)
+        start_b = tl.load(run_ptr + e_b, mask=live, other=0)      # dead blocks: 0 pairs from 0,
+        count_b = tl.load(run_ptr + E_PAD + e_b, mask=live, other=0)  # so all their slots pad
         pos = first[:, None] + tl.arange(0, BLOCK_M)[None, :]                  # [B_CHUNK, BLOCK_M]
         pad = (pos - start_b[:, None]) >= count_b[:, None]
-        tl.store(sorted_ptr + pos, P, mask=pad & (live & (b < num_blocks))[:, None])
+        tl.store(sorted_ptr + pos, P, mask=pad & (b < num_blocks)[:, None])
 
 
 def max_blocks(P: int, E: int, block_m: int) -> int:
@@ -68,20 +114,40 @@ def max_blocks(P: int, E: int, block_m: int) -> int:
     return triton.cdiv(P + min(P, E) * (block_m - 1), block_m)
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """(sorted_pairs int32 [num_blocks*block_m], block_expert int32 [num_blocks]); see module doc."""
+def default_chunk(P: int) -> int:
+    """Pairs per program: all of them in one chunk up to 256 (decode: two launches); 256 above,
+    which keeps [C, E] small for the one-program scan (P = 64K -> 256 chunks)."""
+    return max(16, min(256, triton.next_power_of_2(P)))
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None):
+    """(sorted_pairs int32 [num_blocks*block_m], block_expert int32 [num_blocks]); see module doc.
+    `chunk` (a power of two >= 16) overrides the pairs per program, for benchmarks and tests."""
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
         ids = ids.contiguous()
-    P = ids.numel()
-    nb = max_blocks(P, num_experts, block_m)
+    P, E = ids.numel(), num_experts
+    nb = max_blocks(P, E, block_m)
     sorted_pairs = alloc.empty((nb * block_m,), torch.int32, ids.device)
     block_expert = alloc.empty((nb,), torch.int32, ids.device)
     if nb == 0:
         return sorted_pairs, block_expert
-    e_pad = triton.next_power_of_2(num_experts)
-    chunk = max(16, min(256, 8192 // e_pad))      # keep [CHUNK, E_PAD] at <= 8K elements
+    chunk = chunk or default_chunk(P)
+    assert chunk >= 16 and chunk & (chunk - 1) == 0, f"moe_align: chunk {chunk} is not a power of two >= 16"
+    e_pad = max(16, triton.next_power_of_2(E))
+    C = triton.cdiv(P, chunk)
+    # scratch, every element read is written first: hist/offsets [C, E] | rank [P] | runs [2, E_PAD]
+    scratch = torch.empty(C * E + P + 2 * e_pad, dtype=torch.int32, device=ids.device)
+    hist, rank, runs = scratch[:C * E], scratch[C * E:C * E + P], scratch[C * E + P:]
+    e_tile = min(e_pad, max(16, _TILE // chunk))
+    _count_kernel[(C,)](ids, hist, rank, runs, P, E, BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk,
+                        E_TILE=e_tile, SINGLE=C == 1, num_warps=4 if chunk * e_tile <= 4096 else 8)
+    if C > 1:
+        c_blk = max(2, min(triton.next_power_of_2(C), _TILE // e_pad))
+        _scan_kernel[(1,)](hist, runs, C, E, BLOCK_M=block_m, E_PAD=e_pad, C_BLK=c_blk, num_warps=8)
     b_chunk = max(16, min(256, 8192 // max(e_pad, block_m)))
-    _align_kernel[(1,)](ids, sorted_pairs, block_expert, P, num_experts, nb, BLOCK_M=block_m,
-                        E_PAD=e_pad, CHUNK=chunk, B_CHUNK=b_chunk, num_warps=8)
+    grid = (C + triton.cdiv(nb, b_chunk),)
+    _scatter_kernel[grid](ids, hist, rank, runs, sorted_pairs, block_expert, P, E, C, nb,
+                          BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk, B_CHUNK=b_chunk,
+                          HAS_OFFSETS=C > 1, num_warps=4)
     return sorted_pairs, block_expert
