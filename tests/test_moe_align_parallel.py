@@ -5,7 +5,7 @@ padding = P, block_expert -1 past the end). Runs under TRITON_INTERPRET=1 on CPU
 import pytest
 import torch
 
-from kernelgate import alloc, platform
+from kernelgate import KernelgateError, alloc, platform
 
 pytestmark = pytest.mark.skipif(platform.current().triton is not None,
                                 reason="Triton cannot run here (set TRITON_INTERPRET=1 on CPU)")
@@ -118,3 +118,9 @@ def test_deterministic_across_calls_and_chunks():
     for chunk in (None, 16, 64):
         b = _run(ids, 60, 32, chunk)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), chunk
+
+
+def test_bad_chunk_raises():
+    from kernelgate.ops.triton.moe_align import moe_align
+    with pytest.raises(KernelgateError, match="moe_align: chunk 24 must be a power of two"):
+        moe_align(torch.zeros(4, 2, dtype=torch.int32), 4, 16, chunk=24)

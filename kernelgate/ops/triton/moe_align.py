@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc
+from ...platform import KernelgateError
 
 _TILE = 16384        # int32 elements per [rows, experts] register tile
 
@@ -133,7 +134,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int
     if nb == 0:
         return sorted_pairs, block_expert
     chunk = chunk or default_chunk(P)
-    assert chunk >= 16 and chunk & (chunk - 1) == 0, f"moe_align: chunk {chunk} is not a power of two >= 16"
+    if chunk < 16 or chunk & (chunk - 1):
+        raise KernelgateError(f"moe_align: chunk {chunk} must be a power of two >= 16")
     e_pad = max(16, triton.next_power_of_2(E))
     C = triton.cdiv(P, chunk)
     # scratch, every element read is written first: hist/offsets [C, E] | rank [P] | runs [2, E_PAD]
