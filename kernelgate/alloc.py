@@ -23,6 +23,17 @@ def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     return empty(t.shape, dtype or t.dtype, t.device)
 
 
+def upload(host: torch.Tensor, device) -> torch.Tensor:
+    """Host -> device copy that does not make the host wait for the device: through pinned
+    memory, non-blocking, where the device is CUDA / ROCm (a pageable copy syncs the stream)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 @contextlib.contextmanager
 def poisoned(on: bool = True):
     saved = _poison[0]

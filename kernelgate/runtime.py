@@ -74,6 +74,7 @@ def _progress(total: int, quiet: bool):
 def main(args) -> int:
     from . import platform, registry
     from .engine import Timing, generate
+    from .engine.graphs import graph_api
     if args.batch < 1 or args.max_new_tokens < 1:
         raise KernelgateError("run: --batch and --max-new-tokens must be >= 1")
     model, source = _model(args)
@@ -91,9 +92,11 @@ def main(args) -> int:
     finally:
         close()
     plat = platform.current()
+    graphs_reason = graph_api(model.device)[1]
     report = {
         "model": source, "platform": plat.name, "real_platform": plat.real, "device": str(model.device),
         "dtype": str(model.dtype).replace("torch.", ""), "plan": impls,
+        "decode_graphs": graphs_reason is None, "decode_graphs_reason": graphs_reason,
         "prefill_tokens": timing.prefill_tokens, "prefill_tokens_per_s": round(timing.rate("prefill"), 1),
         "decode_tokens": timing.decode_tokens, "decode_tokens_per_s": round(timing.rate("decode"), 1),
         "results": [{"prompt_ids": r.prompt_ids, "token_ids": r.token_ids, "text": r.text,
@@ -105,6 +108,7 @@ def main(args) -> int:
     sim = f" (simulated; real {plat.real})" if plat.simulated else ""
     print(f"model     {source}")
     print(f"platform  {plat.name}{sim}   device {report['device']}   dtype {report['dtype']}")
+    print("decode    " + ("captured device graphs" if graphs_reason is None else f"eager ({graphs_reason})"))
     print("\ndispatch plan (op -> implementation):")
     for name, chosen in impls.items():
         print(f"  {name:<24} -> " + ", ".join(f"{i} ({p})" for i, p in chosen.items()))

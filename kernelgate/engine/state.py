@@ -43,6 +43,10 @@ class StatePool:
             t[slot].zero_()
         return slot
 
+    def reserve(self) -> int:
+        """Take a slot out of circulation for good (the decode graphs' padding rows use it)."""
+        return self.alloc()
+
     def free(self, slot: int) -> None:
         if slot in self._free or not 0 <= slot < self.num_slots:
             raise KernelgateError(f"state pool: slot {slot} is not in use")

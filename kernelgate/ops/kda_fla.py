@@ -39,13 +39,6 @@ def _long(t: torch.Tensor) -> torch.Tensor:
     return hit[1]
 
 
-def _upload(host: torch.Tensor, device) -> torch.Tensor:
-    """Host -> device copy that does not wait for the device (pinned, non-blocking on CUDA)."""
-    if torch.device(device).type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
-
-
 def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
                   cu_seqlens_cpu=None, slots_cpu=None):
     """kda_prefill through fla `chunk_kda` (varlen, initial/final states via the slot pool).
@@ -68,7 +61,7 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
         run_cu_cpu = torch.tensor([0] + lens, dtype=torch.long).cumsum(0)                  # [Nk+1]
         tok = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in kept])                    # [Tk]
         # one upload: token rows | compacted bounds | slots of the kept sequences
-        dev = _upload(torch.cat([tok, run_cu_cpu, torch.tensor([sl[n] for n in kept])]), q.device)
+        dev = alloc.upload(torch.cat([tok, run_cu_cpu, torch.tensor([sl[n] for n in kept])]), q.device)
         tok, run_cu, idx = dev.split([tok.numel(), len(kept) + 1, len(kept)])
         qr, kr, vr, gr, br = (x.index_select(0, tok) for x in (q, k, v, g, beta))
     h0 = state.index_select(0, idx)                                                       # [Nk, H, K, V]
