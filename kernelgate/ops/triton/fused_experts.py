@@ -1,6 +1,6 @@
 """Portable Triton grouped-GEMM MoE experts (CUDA, ROCm, XPU; CPU under TRITON_INTERPRET=1).
 
-    moe_align        pairs sorted by expert, padded to BLOCK_M per expert       (1 launch)
+    moe_align        pairs sorted by expert, padded to BLOCK_M per expert       (2-3 launches)
     _gate_up_kernel  h[p] = silu(clamp(x[t] @ Wg[e]^T)) * clamp(x[t] @ Wu[e]^T)  [P, I] in x dtype
     _down_kernel     y[p] = w[p] * (h[p] @ Wd[e]^T)                             [P, D] fp32
     _sum_k_kernel    out[t] = sum_j y[t*k + j] over valid ids                    [T, D] x dtype
