@@ -1,5 +1,6 @@
 """Sweep the indexer q kernel's variants on CUDA: fused_q_indexer_rope_hadamard_quant
-(program form: row-major or token-major "tok" with 4 / 8 / 16 column pieces; Hadamard form,
+(program form: row-major, token-major "tok" with 4 / 8 / 16 column pieces, or the split-tree
+"tree" form (no MMA, no permutes; pieces 16 / 8, cos/sin source freq 0 / 1 / 2); Hadamard form,
 fp8 encode, rows per program, warps), on the op's bench cases.
 (A keys x q^T form of the fp8_paged_mqa_logits kernel was swept here on 2026-11-29: every
 variant missed the parity bound on the H200 -- Hopper's fp8 MMA accumulation, 2.3e-4 and
@@ -32,11 +33,18 @@ def _tok(tok, pieces, w, **kw):
             dict(form="tok", tok=tok, pieces=pieces, num_warps=w, **kw))
 
 
+def _tree(tok, pieces, w, freq, **kw):
+    """split-tree form (indexer_q_tree.py): R = tok * 64 rows; R = 32 * w is one row per thread."""
+    return (f"tree tok{tok} p{pieces} w{w} freq{freq}" + "".join(f" {k}={v}" for k, v in kw.items()),
+            dict(form="tree", tok=tok, pieces=pieces, num_warps=w, freq=freq, **kw))
+
+
 Q_VARIANTS = {   # name -> kq.launch overrides, best guesses first (warps pinned so nothing autotunes)
-    "v4": [("CONFIG", {}),
-           _tok(2, 16, 4), _tok(1, 16, 2), _tok(4, 16, 8), _tok(1, 16, 4),
-           _tok(1, 8, 4, hmode="fp32"), _tok(2, 8, 8, hmode="fp32"), _tok(1, 8, 4, hmode="bf16x3"),
-           _tok(1, 8, 4, hmode="butterfly"), _tok(1, 4, 4, hmode="fp32"), _tok(2, 16, 4, hw_encode=False),
+    "v4": [_tree(1, 16, 2, 0), _tree(1, 16, 2, 2), _tree(2, 16, 4, 2), _tree(1, 8, 2, 0), _tree(1, 8, 2, 2),
+           _tree(2, 8, 4, 2), _tree(1, 16, 4, 2),
+           ("CONFIG", {}),
+           _tok(2, 16, 4), _tok(1, 16, 2),
+           _tok(1, 8, 4, hmode="fp32"), _tok(1, 4, 4, hmode="fp32"),
            ("rows R64 w4 fp32 (old CONFIG)", ROWS)],
     "v32": [("CONFIG", {}),
             _tok(2, 4, 4), _tok(1, 4, 4), _tok(4, 4, 8), _tok(2, 8, 4), _tok(2, 16, 4),

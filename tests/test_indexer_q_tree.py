@@ -1,0 +1,83 @@
+"""The indexer q kernel's split-tree form (kernelgate.ops.triton.indexer_q_tree, launch(form="tree"))
+against the op's native reference with the op's own parity compare, and its 128-point Hadamard
+against hand-built one-hot cases (the Sylvester column, known exactly) for both piece widths.
+
+Runs on CPU under TRITON_INTERPRET=1 (portable arithmetic: the integer fp8 encoder), so the index
+arithmetic of every piece layout, cos/sin source (FREQ) and head mask is checked here; the GPU-only
+hardware cvt is checked by bench/indexer_sweep.py before timing."""
+import math
+
+import pytest
+import torch
+
+from kernelgate import alloc, platform
+from kernelgate.ops import _fp8
+from kernelgate.ops.indexer_q import _case, compare, indexer_q_native, precompute_freqs_cis
+
+kq = pytest.importorskip("kernelgate.ops.triton.indexer_q")
+pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
+
+FORMS = {   # id -> launch overrides
+    "p16-tok1-freq0": dict(form="tree", pieces=16, tok=1, freq=0),
+    "p16-tok2-freq2": dict(form="tree", pieces=16, tok=2, freq=2),
+    "p8-tok2-freq0": dict(form="tree", pieces=8, tok=2, freq=0),   # per-token cos/sin broadcast over 2 tokens
+    "p8-tok1-freq1-heads2": dict(form="tree", pieces=8, tok=1, freq=1, heads=2),  # several head blocks
+}
+CASES = [   # (tokens, heads, variant, fp8 format, hadamard)
+    (3, 64, "v4", "e4m3fn", None),
+    (5, 3, "v4", "e4m3fnuz", None),
+    (1, 5, "v4", "e4m3fn", False),
+    (7, 5, "v32", "e4m3fn", None),
+    (3, 6, "v32", "e4m3fnuz", True),
+]
+
+
+def _cid(c):
+    return f"B{c[0]}-H{c[1]}-{c[2]}-{c[3]}" + ("" if c[4] is None else f"-hadamard{c[4]}")
+
+
+# several head blocks per token are slow under the interpreter at H = 64: small H only there
+PAIRS = [pytest.param(f, c, id=f"{f}-{_cid(c)}") for f in FORMS for c in CASES if not (FORMS[f].get("heads") and c[1] > 8)]
+
+
+@pytest.mark.parametrize("form,case", PAIRS)
+def test_tree_matches_native(form, case):
+    B, H, variant, fmt, had = case
+    args, kw = _case(B, H, variant, fmt, had).make("cpu", torch.bfloat16, torch.Generator().manual_seed(B * H))
+    ref = indexer_q_native(*args, **kw)
+    with alloc.poisoned():
+        out = kq.launch(*args, **kw, **FORMS[form])
+    assert out[0].dtype == ref[0].dtype and out[0].shape == ref[0].shape
+    compare(out, ref, torch.bfloat16, args)
+    # fp32 throughout and the exact encoder: almost every code agrees exactly
+    assert (_fp8.code_distance(out[0], ref[0]) == 0).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("pieces", [8, 16])
+@pytest.mark.parametrize("j", [3, 64, 77, 126])
+def test_hadamard_one_hot(pieces, j):
+    # position 0: RoPE is the identity; H e_j / sqrt(128) = (-1)^popcount(i & j) / sqrt(128) for
+    # every i, so every code is +-448 with the sign pattern of column j
+    q = torch.zeros(2, 5, 128)
+    q[:, :, j] = 2.0
+    weight = torch.ones(2, 5)
+    q_fp8, w_out = kq.launch(q, weight, 1.0, precompute_freqs_cis(4), torch.zeros(2, dtype=torch.int32),
+                             variant="v4", form="tree", tok=1, pieces=pieces)
+    signs = torch.tensor([(-1.0) ** bin(i & j).count("1") for i in range(128)])
+    assert torch.equal(q_fp8.float(), (448.0 * signs).expand(2, 5, 128))
+    torch.testing.assert_close(w_out, torch.full((2, 5, 1), 2.0 / (math.sqrt(128) * 448.0)), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("pieces", [8, 16])
+def test_rope_then_hadamard_one_pair(pieces):
+    # one v4 pair (dims 64 + 2i, 65 + 2i) = (1, 0) at pair i = 13, rotated by pi/2 -> (0, 1): the
+    # result is the Hadamard of e_65+2i, so codes are +-448 with column 65 + 2i's signs
+    i = 13
+    freqs = torch.ones(3, 32, dtype=torch.complex64)
+    freqs[2, i] = complex(0.0, 1.0)
+    q = torch.zeros(1, 3, 128)
+    q[:, :, 64 + 2 * i] = 1.0
+    q_fp8, _ = kq.launch(q, torch.ones(1, 3), 1.0, freqs, torch.tensor([2]), variant="v4", form="tree",
+                         pieces=pieces)
+    signs = torch.tensor([(-1.0) ** bin(k & (65 + 2 * i)).count("1") for k in range(128)])
+    assert torch.equal(q_fp8.float(), (448.0 * signs).expand(1, 3, 128))
