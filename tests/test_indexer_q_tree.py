@@ -37,7 +37,8 @@ def _cid(c):
 
 
 # several head blocks per token are slow under the interpreter at H = 64: small H only there
-PAIRS = [pytest.param(f, c, id=f"{f}-{_cid(c)}") for f in FORMS for c in CASES if not (FORMS[f].get("heads") and c[1] > 8)]
+PAIRS = [pytest.param(f, c, id=f"{f}-{_cid(c)}") for f in FORMS for c in CASES
+         if not (FORMS[f].get("heads") and c[1] > 8)]
 
 
 @pytest.mark.parametrize("form,case", PAIRS)

@@ -333,7 +333,9 @@ def _indexer_q_tree_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
 def launch_tree(q, weight, weight_scale, freqs_real, positions, q_u8, w_out, fmax, meta,
                 tok=1, pieces=16, heads=128, freq=0, num_warps=4):
     """Grid: (token blocks, head blocks); a program is tok tokens x the next power of two >= H heads
-    (at most `heads`), so R = tok * that many rows; R = 32 * num_warps is one row per thread.
+    (at most `heads`), so R = tok * that many rows. R = 32 * num_warps is one row per thread: compiled
+    for sm_90 (Triton 3.6 / 3.9) then 1-4 layout conversions, none of them of a piece; with R = 64 at
+    4 warps a piece's columns straddle two threads and Triton 3.9 inserts ~190 conversions.
     meta: the constexprs launch() derives (V4, HADAMARD, FNUZ, HW_ENCODE, FAST_DIV; others ignored)."""
     B, H, _ = q.shape
     hb = min(triton.next_power_of_2(H), triton.next_power_of_2(heads))
