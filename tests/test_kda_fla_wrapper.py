@@ -171,3 +171,17 @@ def test_step_batch_and_layer_pass_host_copies(monkeypatch):
     assert kda_layers > 0
     assert seen.count(("kda_prefill", [0, 5, 10], [0, 1])) == kda_layers
     assert seen.count(("short_conv", [0, 5, 10])) == kda_layers and len(seen) == 2 * kda_layers
+
+
+def test_long_metadata_is_memoized_by_identity():
+    """fla caches chunk indices by argument identity: repeated calls must pass the same int64
+    object (also for inference tensors, which have no version counter -- the model runs in
+    inference mode)."""
+    from kernelgate.ops.kda_fla import _long
+    with torch.inference_mode():
+        cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+        a, b = _long(cu), _long(cu)
+        assert a is b and a.dtype == torch.long and a.tolist() == [0, 3, 7]
+        other = torch.tensor([0, 3, 7], dtype=torch.int32)
+        assert _long(other) is not a
+        assert _long(a) is a

@@ -25,17 +25,16 @@ _LONG: dict = {}
 
 
 def _long(t: torch.Tensor) -> torch.Tensor:
-    """t as int64, the same object for repeated calls with the same (unchanged) tensor: fla
-    memoizes its chunk indices by argument identity, so the layers of one engine step (which
-    share the batch's cu_seqlens) compute them once instead of once per layer."""
+    """t as int64, the same object for repeated calls with the same tensor (batch metadata is
+    never written in place): fla memoizes its chunk indices by argument identity, so the layers
+    of one engine step (sharing the batch's cu_seqlens) compute them once, not once per layer."""
     if t.dtype == torch.long:
         return t
-    key = (id(t), t._version)
-    hit = _LONG.get(key)
+    hit = _LONG.get(id(t))                     # (inference tensors have no version counter)
     if hit is None or hit[0] is not t:
         if len(_LONG) >= 8:
             _LONG.clear()
-        hit = _LONG[key] = (t, t.long())       # keeps t alive, so its id is not reused
+        hit = _LONG[id(t)] = (t, t.long())     # keeps t alive, so its id is not reused
     return hit[1]
 
 
