@@ -187,7 +187,9 @@ def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
     eager = model.step(torch.tensor(tokens, device=model.device),
                        StepBatch.build([1] * batch, slots, starts, model.device), scheds[0].pool)
     graph = scheds[1].graphs.run(tokens, slots, starts)
-    assert graph is not None, scheds[1].graphs.reason
+    if graph is None:
+        print(f"decode graphs unavailable: {scheds[1].graphs.reason}")
+        return None
     return rel_err(graph.float(), eager.float())
 
 
@@ -299,7 +301,7 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     rows = {}
     gerr = graphs_check(ours)
-    print(f"decode graphs: " + ("none on this platform" if gerr is None else
+    print("decode graphs: " + ("none (eager decode)" if gerr is None else
                                 f"captured step vs eager step rel_err {gerr:.2e}"), flush=True)
     if gerr is not None and not gerr < 1e-2:
         print("kimi_e2e: the captured decode step disagrees with the eager one; not benchmarking")
