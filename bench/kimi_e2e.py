@@ -306,16 +306,28 @@ def main(argv=None) -> int:
     if gerr is not None and not gerr < 1e-2:
         print("kimi_e2e: the captured decode step disagrees with the eager one; not benchmarking")
         return 3
-    rows["kernelgate"] = [ours_decode(ours, b, args.prompt, args.steps) for b in batches] + [ours_prefill(ours, args.prefill)]
-    rows["kernelgate eager"] = [ours_decode(ours, b, args.prompt, args.steps, graphs=False) for b in batches] \
-        + [rows["kernelgate"][-1]]
+    def measure(name, fns):
+        """One table row, printed as soon as it is measured; a failing cell is reported, not fatal."""
+        vals = []
+        for fn in fns:
+            try:
+                vals.append(fn())
+            except Exception as e:  # noqa: BLE001 - keep the other rows
+                print(f"kimi_e2e: {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                vals.append(float("nan"))
+        rows[name] = vals
+        print(f"  {name}: " + ", ".join(f"{v:,.0f}" for v in vals) + " tok/s", flush=True)
+
+    decode = [lambda b=b, **kw: ours_decode(ours, b, args.prompt, args.steps, **kw) for b in batches]
+    measure("kernelgate", [*decode, lambda: ours_prefill(ours, args.prefill)])
+    measure("kernelgate eager", [*(lambda f=f: f(graphs=False) for f in decode), lambda: rows["kernelgate"][-1]])
     plan = registry.plan()
     with registry.forcing(natives):
-        rows["kernelgate native"] = [ours_decode(ours, b, args.prompt, max(4, args.steps // 4)) for b in batches] \
-            + [ours_prefill(ours, args.prefill, reps=1)]
+        measure("kernelgate native", [*(lambda b=b: ours_decode(ours, b, args.prompt, max(4, args.steps // 4))
+                                        for b in batches), lambda: ours_prefill(ours, args.prefill, reps=1)])
     if not args.skip_hf:
-        rows["HF transformers"] = [hf_decode(hf, b, args.prompt, max(4, args.steps // 2)) for b in batches] \
-            + [hf_prefill(hf, args.prefill, reps=1)]
+        measure("HF transformers", [*(lambda b=b: hf_decode(hf, b, args.prompt, max(4, args.steps // 2))
+                                      for b in batches), lambda: hf_prefill(hf, args.prefill, reps=1)])
     head = [f"decode b{b} tok/s" for b in batches] + [f"prefill {args.prefill} tok/s"]
     c = hf.config
     lines = [f"Kimi Linear e2e, {args.layers} layers (3:1 KDA:MLA), hidden {c.hidden_size}, "

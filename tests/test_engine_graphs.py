@@ -114,3 +114,15 @@ def test_graph_api_reasons(monkeypatch):
     assert api is None and "cpu" in why
     monkeypatch.setenv("KERNELGATE_GRAPHS", "0")
     assert graphs.graph_api(torch.device("cuda")) == (None, "KERNELGATE_GRAPHS=0")
+
+
+def test_sync_check_runs_in_error_mode_and_restores(monkeypatch):
+    modes = []
+    monkeypatch.setattr(torch.cpu, "set_sync_debug_mode", modes.append, raising=False)
+
+    def syncing():
+        assert modes[-1] == "error"
+        raise RuntimeError("called a synchronizing CUDA operation")
+    with pytest.raises(RuntimeError, match="synchronizing"):
+        graphs._without_host_syncs(torch.device("cpu"), syncing)
+    assert modes == ["error", "default"]

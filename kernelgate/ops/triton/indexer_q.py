@@ -39,11 +39,13 @@ BLOCK_R = 64  # rows per program under the interpreter; autotuned on GPUs unless
 HMODES = {"fp32": 0, "bf16x3": 2, "butterfly": 3}
 # Launch choices on CUDA, per variant. form "rows": this file's kernel (block_r rows per program,
 # None = autotuned); form "tok": indexer_q_tok.py (tok tokens x all heads per program, pieces 4 / 8
-# / 16 column pieces). Measured on the H200 (2026-11-29, T4096 x H64, CUDA graph), rows form: v4
-# R64 w4 fp32 Hadamard 76.8 us (bf16x3 85.1, butterfly 83.8); v3.2 R64 w4 without the split RoPE
-# 39.2 us (with it 47.9). The tok choices below are unmeasured guesses: bench/indexer_sweep.py.
+# / 16 column pieces); form "tree": indexer_q_tree.py (split-tree Hadamard, no MMA). Measured on
+# the H200 (2026-11-29, T4096 x H64, CUDA graph, bench/indexer_sweep.py), rows form: v4 R64 w4 fp32
+# Hadamard 76.8 us (bf16x3 85.1, butterfly 83.8); v3.2 R64 w4 without the split RoPE 39.2 us.
 ROWS = dict(form="rows", hmode="fp32", hw_encode=True, fast_div=True, rope_split=True, block_r=64, num_warps=4)
-CONFIG = dict(ROWS, form="tok", tok=2, pieces=16)
+# v4: split-tree form, 8 pieces of 16, one row per thread: 51.3 us = 0.47 of the floor on the
+# H200 (2026-11-29; token-major quarters 75.4, rows 77.4). v3.2: token-major quarters.
+CONFIG = dict(ROWS, form="tree", tok=1, pieces=8, num_warps=2, freq=2)
 CONFIG_V32 = dict(ROWS, form="tok", tok=1, pieces=4, rope_split=False)   # 31.4 us = 0.77 of the floor
 # Under the interpreter and on non-NVIDIA backends: portable choices.
 PORTABLE = dict(form="rows", hmode="bf16x3", hw_encode=False, fast_div=False, rope_split=True, block_r=None,
