@@ -31,6 +31,13 @@ VARIANTS = {   # id -> launch overrides
     "qk-fp8": dict(kq=False, operand="fp8"),                   # the fp8 MMA kernel (interpreter: exact)
     "kq-fp8": dict(kq=True, operand="fp8"),
     "kq-fp8promote": dict(kq=True, operand="fp8promote"),   # interpreter: same exact dot
+    # key loads (BS16/32 cases with T64 tiles span blocks: "ahead"/"tma" run "plain" there, so T16 too)
+    "kq-f16bits-prefetch": dict(kq=True, operand="f16bits", keys="prefetch"),
+    "kq-f16bits-T16-prefetch": dict(kq=True, operand="f16bits", keys="prefetch", block_t=16, min_tiles=3),
+    "kq-f16bits-T16-ahead": dict(kq=True, operand="f16bits", keys="ahead", block_t=16, min_tiles=3),
+    "kq-f16bits-T16-tma": dict(kq=True, operand="f16bits", keys="tma", block_t=16, min_tiles=3),
+    "kq-f16bits-tma": dict(kq=True, operand="f16bits", keys="tma"),
+    "qk-f16bits-T16-tma": dict(kq=False, operand="f16bits", keys="tma", block_t=16, min_tiles=3),
 }
 EXACT_ON_GPU = ("f16bits", "f16", "bf16")     # fp8 MMA accumulation misses 2e-4 on Hopper
 

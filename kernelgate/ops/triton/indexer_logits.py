@@ -24,6 +24,23 @@ it needs no fp8 conversion instruction (so it also decodes e4m3fnuz on NVIDIA).
 (2^30) never promotes the tensor core's reduced-precision partial sums; 32 promotes them to
 fp32 after every 32 products, as DeepGEMM does.
 
+Key loads (`keys`, an option outside CONFIG, default "plain"). Triton's pipeliner (sm_80+)
+turns a tile's key load into cp.async, but the key address depends on a block-table load in
+the same iteration (indirection level 1), so num_stages S buys (S - 1) // 2 tiles of lookahead
+(one at S 3 and 4, waited with async_wait 0) and the scales stay a synchronous load:
+- "plain": the loop above.
+- "prefetch": tile i + 1's keys and scales are loaded into registers while tile i computes
+  (loop-carried values, which the pipeliner leaves alone); any tile size.
+- "ahead": the block-table entries are loaded two tiles ahead and the scales one tile ahead
+  (loop-carried scalars), so the key load depends on no load of its own iteration: the
+  pipeliner gives it S - 1 tiles of lookahead (cp.async ring of S - 1 buffers).
+- "tma": "ahead" with the keys read by TMA from a host-side descriptor over the cache viewed
+  as [num_blocks, block_size, 128] uint8, strides (block_size * 132, 128, 1): a tile is the
+  box [1, BLOCK_T, 128] at (block, offset, 0); pipelined as cp.async.bulk.tensor + mbarriers.
+"ahead" and "tma" need ONE_BLOCK (a tile inside one cache block); elsewhere they run "plain".
+"tma" needs sm_90+ and 16-byte aligned strides (block_size % 4 == 0); elsewhere (AMD, XPU,
+older NVIDIA) it runs "ahead". The interpreter runs TensorDescriptor loads (Triton 3.9).
+
 Under the interpreter (DOT_F32) fp8 -> bf16 conversion and bf16 tl.dot are not reliable
 (Triton 3.9): the upcast operands go through fp32 and an IEEE fp32 dot -- the same exact
 products and an fp32 sum -- so CPU tests check every orientation and decode.
@@ -50,6 +67,8 @@ CONFIG = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_
 QK_FP8 = dict(kq=False, operand="fp8", hsum="reshape", block_t=64, num_warps=4, num_stages=3,
               programs=2048, min_tiles=2)
 PORTABLE = dict(CONFIG, operand="f16bits", num_stages=1, programs=64, min_tiles=1)  # interpreter
+KEYS = {"plain": 0, "prefetch": 1, "ahead": 2, "tma": 3}
+OPTIONAL = dict(keys="plain")   # launch options with a default, settable in CONFIG too
 
 
 @triton.jit
@@ -106,7 +125,7 @@ def _load_tile(kv_ptr, kvs_ptr, bt_row, t0, ctx, block_size, blk_bytes, blk_word
     tvalid = t < ctx
     d = tl.arange(0, 128)
     if ONE_BLOCK:   # the tile lies in one cache block: one table load, contiguous runs
-        blk = tl.load(bt_row + t0 // block_size).to(tl.int64)
+        blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0).to(tl.int64)  # prefetch: past ctx
         off = t0 % block_size + tl.arange(0, BLOCK_T)
         base = blk * blk_bytes + off * 128
         ks = tl.load(kvs_ptr + blk * blk_words + block_size * 32 + off, mask=tvalid, other=0.0)
@@ -123,11 +142,37 @@ def _load_tile(kv_ptr, kvs_ptr, bt_row, t0, ctx, block_size, blk_bytes, blk_word
 
 
 @triton.jit
-def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
+def _tile_out(kb, ks, q, w, t, ctx, q_pos, out_q, qmask, max_len, FNUZ: tl.constexpr, NQP: tl.constexpr,
+              HP: tl.constexpr, BLOCK_T: tl.constexpr, KQ: tl.constexpr, OPERAND: tl.constexpr,
+              DOT_F32: tl.constexpr, HSUM_MASK: tl.constexpr):
+    """One tile: codes kb (as _load_tile), scales ks [BLOCK_T] (times kscale) -> logits stored at tokens t."""
+    k = _upcast(kb, FNUZ, OPERAND, DOT_F32)
+    if KQ:
+        s = _dot(k, q, DOT_F32, OPERAND)                                # [BLOCK_T, ROWS] fp32
+        s = tl.maximum(s, 0.0) * w[None, :]
+        acc = _head_sum(s, NQP, HP, BLOCK_T, HSUM_MASK) * ks[:, None]     # [BLOCK_T, NQP]
+        valid = (t < ctx)[:, None] & (t[:, None] <= q_pos[None, :])
+        tl.store(out_q[None, :] + t[:, None], tl.where(valid, acc, float("-inf")),
+                 mask=qmask[None, :] & (t < max_len)[:, None])
+    else:
+        s = _dot(q, k, DOT_F32, OPERAND)                                # [ROWS, BLOCK_T] fp32
+        s = tl.maximum(s, 0.0) * w[:, None]
+        if NQP == 1:
+            acc = tl.sum(s, 0)[None, :]
+        else:
+            acc = tl.sum(tl.reshape(s, (NQP, HP, BLOCK_T)), 1)
+        acc = acc * ks[None, :]                                # [NQP, BLOCK_T]
+        valid = (t < ctx)[None, :] & (t[None, :] <= q_pos[:, None])
+        tl.store(out_q[:, None] + t[None, :], tl.where(valid, acc, float("-inf")),
+                 mask=qmask[:, None] & (t < max_len)[None, :])
+
+
+@triton.jit
+def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdesc,
                    H, next_n, max_len, s_bt, s_out, block_size, blk_bytes, blk_words, tiles_per_prog,
                    kscale, FNUZ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr,
                    ONE_BLOCK: tl.constexpr, KQ: tl.constexpr, OPERAND: tl.constexpr,
-                   DOT_F32: tl.constexpr, HSUM_MASK: tl.constexpr):
+                   DOT_F32: tl.constexpr, HSUM_MASK: tl.constexpr, KEYS: tl.constexpr):
     b = tl.program_id(0)
     ctx = tl.load(ctx_ptr + b)
     rows = tl.arange(0, NQP * HP)                                  # row = query i * HP + head h
@@ -153,30 +198,46 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
     start = tl.program_id(1) * tiles_per_prog
     end = tl.minimum(start + tiles_per_prog, n_tiles)
     busy_end = tl.maximum(tl.minimum(end, tl.cdiv(ctx, BLOCK_T)), start)
-    for tile in range(start, busy_end):
-        t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-        kb, ks = _load_tile(kv_ptr, kvs_ptr, bt_row, tile * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
-                            BLOCK_T, ONE_BLOCK, KQ)
-        k = _upcast(kb, FNUZ, OPERAND, DOT_F32)
-        ks = ks * kscale                                           # 1, or the f16bits decode's 2^(30 - 2 bias)
-        if KQ:
-            s = _dot(k, q, DOT_F32, OPERAND)                                # [BLOCK_T, ROWS] fp32
-            s = tl.maximum(s, 0.0) * w[None, :]
-            acc = _head_sum(s, NQP, HP, BLOCK_T, HSUM_MASK) * ks[:, None]     # [BLOCK_T, NQP]
-            valid = (t < ctx)[:, None] & (t[:, None] <= q_pos[None, :])
-            tl.store(out_q[None, :] + t[:, None], tl.where(valid, acc, float("-inf")),
-                     mask=qmask[None, :] & (t < max_len)[:, None])
-        else:
-            s = _dot(q, k, DOT_F32, OPERAND)                                # [ROWS, BLOCK_T] fp32
-            s = tl.maximum(s, 0.0) * w[:, None]
-            if NQP == 1:
-                acc = tl.sum(s, 0)[None, :]
+    i = tl.arange(0, BLOCK_T)
+    if KEYS == 1:    # registers double-buffered: tile + 1 is loading while tile computes
+        kb_n, ks_n = _load_tile(kv_ptr, kvs_ptr, bt_row, start * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
+                                BLOCK_T, ONE_BLOCK, KQ)
+        for tile in range(start, busy_end):
+            kb, ks = kb_n, ks_n
+            kb_n, ks_n = _load_tile(kv_ptr, kvs_ptr, bt_row, (tile + 1) * BLOCK_T, ctx, block_size, blk_bytes,
+                                    blk_words, BLOCK_T, ONE_BLOCK, KQ)
+            _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, ctx, q_pos, out_q, qmask, max_len,
+                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
+    elif KEYS >= 2:  # ONE_BLOCK: table entries two tiles ahead, scales one tile ahead (scalars, [BLOCK_T])
+        t0 = start * BLOCK_T
+        blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0)
+        blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
+        ks_base = kvs_ptr + block_size * 32 + t0 % block_size + i   # + block * blk_words
+        ks_n = tl.load(ks_base + blk.to(tl.int64) * blk_words, mask=t0 + i < ctx, other=0.0)
+        for tile in range(start, busy_end):
+            t0 = tile * BLOCK_T
+            ks = ks_n
+            blk_nn = tl.load(bt_row + (t0 + 2 * BLOCK_T) // block_size, mask=t0 + 2 * BLOCK_T < ctx, other=0)
+            n0 = t0 + BLOCK_T
+            ks_n = tl.load(kvs_ptr + blk_n.to(tl.int64) * blk_words + block_size * 32 + n0 % block_size + i,
+                           mask=n0 + i < ctx, other=0.0)
+            off = t0 % block_size
+            if KEYS == 3:    # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
+                kb = tl.reshape(kdesc.load([blk, off, 0]), (BLOCK_T, 128))
             else:
-                acc = tl.sum(tl.reshape(s, (NQP, HP, BLOCK_T)), 1)
-            acc = acc * ks[None, :]                                # [NQP, BLOCK_T]
-            valid = (t < ctx)[None, :] & (t[None, :] <= q_pos[:, None])
-            tl.store(out_q[:, None] + t[None, :], tl.where(valid, acc, float("-inf")),
-                     mask=qmask[:, None] & (t < max_len)[None, :])
+                kb = tl.load(kv_ptr + blk.to(tl.int64) * blk_bytes + (off + i)[:, None] * 128 + d[None, :],
+                             mask=(t0 + i < ctx)[:, None], other=0)
+            if not KQ:
+                kb = tl.trans(kb)                                  # [128, BLOCK_T]
+            _tile_out(kb, ks * kscale, q, w, t0 + i, ctx, q_pos, out_q, qmask, max_len,
+                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
+            blk, blk_n = blk_n, blk_nn
+    else:
+        for tile in range(start, busy_end):
+            kb, ks = _load_tile(kv_ptr, kvs_ptr, bt_row, tile * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
+                                BLOCK_T, ONE_BLOCK, KQ)
+            _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, ctx, q_pos, out_q, qmask, max_len,
+                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
     for tile in range(busy_end, end):                              # past the context: -inf only
         t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         tl.store(out_q[:, None] + t[None, :], tl.full((NQP, BLOCK_T), float("-inf"), tl.float32),
@@ -185,6 +246,21 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr,
 
 def _nvidia(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and not platform.interpreting()
+
+
+def _key_loads(keys: str, kv: torch.Tensor, block_size: int, block_t: int):
+    """-> (KEYS code the device can run, TMA descriptor or None); routing as in the docstring."""
+    if keys in ("ahead", "tma") and block_size % block_t:
+        return KEYS["plain"], None          # a tile spans cache blocks: one table entry per token
+    if keys == "tma":
+        interp = platform.interpreting()
+        hopper = _nvidia(kv.device) and torch.cuda.get_device_capability(kv.device)[0] >= 9
+        if (interp or hopper) and block_size % 4 == 0 and kv.data_ptr() % 16 == 0:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            return KEYS["tma"], TensorDescriptor(kv, [kv.shape[0], block_size, 128],
+                                                 [kv.stride(0), 128, 1], [1, block_t, 128])
+        return KEYS["ahead"], None
+    return KEYS[keys], None
 
 
 def fp8_paged_mqa_logits_triton(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len):
@@ -198,8 +274,10 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     require(weights.is_contiguous(), OP_LOGITS, "weights must be contiguous")
     require(block_tables.stride(1) == 1, OP_LOGITS, "block_tables must be contiguous along its rows")
     interp = platform.interpreting()
-    cfg = {**(PORTABLE if interp else CONFIG if _nvidia(q_fp8.device) else QK_FP8), **config}
-    require(set(cfg) == set(CONFIG), OP_LOGITS, f"unknown launch options {sorted(set(cfg) - set(CONFIG))}")
+    cfg = {**OPTIONAL, **(PORTABLE if interp else CONFIG if _nvidia(q_fp8.device) else QK_FP8), **config}
+    known = set(CONFIG) | set(OPTIONAL)
+    require(set(cfg) == known, OP_LOGITS, f"unknown launch options {sorted(set(cfg) - known)}")
+    require(cfg["keys"] in KEYS, OP_LOGITS, f"keys must be one of {sorted(KEYS)}, got {cfg['keys']!r}")
     operand = OPERANDS[cfg["operand"]]
     kv = cache_blocks(kv_cache)
     block_size = kv.shape[1] // TOKEN_BYTES
@@ -217,10 +295,11 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     # f16bits: q and k decoded as value * 2^-(15 - bias) each (bias 7 for e4m3fn, 8 for fnuz)
     kscale = float(2 ** (2 * (15 - (8 if fnuz else 7)))) if operand == 3 else 1.0
     extra = {} if interp else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    keys, kdesc = _key_loads(cfg["keys"], kv, block_size, bt)
     _logits_kernel[(B, triton.cdiv(n_tiles, tiles_per_prog))](
-        q_fp8.view(torch.uint8), kv, kv.view(torch.float32), weights, context_lens, block_tables, out,
+        q_fp8.view(torch.uint8), kv, kv.view(torch.float32), weights, context_lens, block_tables, out, kdesc,
         H, next_n, max_context_len, block_tables.stride(0), out.stride(0), block_size, kv.shape[1],
         kv.shape[1] // 4, tiles_per_prog, kscale, FNUZ=fnuz, NQP=nqp, HP=hp, BLOCK_T=bt,
         ONE_BLOCK=block_size % bt == 0, KQ=bool(cfg["kq"]), OPERAND=operand, DOT_F32=interp,
-        HSUM_MASK=cfg["hsum"] == "mask", **extra)
+        HSUM_MASK=cfg["hsum"] == "mask", KEYS=keys, **extra)
     return out
