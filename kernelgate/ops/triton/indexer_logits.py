@@ -31,9 +31,10 @@ the same iteration (indirection level 1), so num_stages S buys (S - 1) // 2 tile
 - "plain": the loop above.
 - "prefetch": tile i + 1's keys and scales are loaded into registers while tile i computes
   (loop-carried values, which the pipeliner leaves alone); any tile size.
-- "ahead": the block-table entries are loaded two tiles ahead and the scales one tile ahead
-  (loop-carried scalars), so the key load depends on no load of its own iteration: the
-  pipeliner gives it S - 1 tiles of lookahead (cp.async ring of S - 1 buffers).
+- "ahead": the block-table entry is loaded one tile ahead (a loop-carried scalar), so the key
+  load depends on no load of its own iteration: the pipeliner gives it S - 1 tiles of
+  lookahead (cp.async ring of S - 1 buffers). Carrying more (the entry two tiles ahead, the
+  scales one tile ahead) made Triton 3.6 skip pipelining the loop altogether (sm_90 TTGIR).
 - "tma": "ahead" with the keys read by TMA from a host-side descriptor over the cache viewed
   as [num_blocks, block_size, 128] uint8, strides (block_size * 132, 128, 1): a tile is the
   box [1, BLOCK_T, 128] at (block, offset, 0); pipelined as cp.async.bulk.tensor + mbarriers.
@@ -208,20 +209,15 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
                                     blk_words, BLOCK_T, ONE_BLOCK, KQ)
             _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, ctx, q_pos, out_q, qmask, max_len,
                       FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
-    elif KEYS >= 2:  # ONE_BLOCK: table entries two tiles ahead, scales one tile ahead (scalars, [BLOCK_T])
+    elif KEYS >= 2:  # ONE_BLOCK: the table entry loaded one tile ahead (a loop-carried scalar)
         t0 = start * BLOCK_T
         blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0)
-        blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
-        ks_base = kvs_ptr + block_size * 32 + t0 % block_size + i   # + block * blk_words
-        ks_n = tl.load(ks_base + blk.to(tl.int64) * blk_words, mask=t0 + i < ctx, other=0.0)
         for tile in range(start, busy_end):
             t0 = tile * BLOCK_T
-            ks = ks_n
-            blk_nn = tl.load(bt_row + (t0 + 2 * BLOCK_T) // block_size, mask=t0 + 2 * BLOCK_T < ctx, other=0)
-            n0 = t0 + BLOCK_T
-            ks_n = tl.load(kvs_ptr + blk_n.to(tl.int64) * blk_words + block_size * 32 + n0 % block_size + i,
-                           mask=n0 + i < ctx, other=0.0)
+            blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
             off = t0 % block_size
+            ks = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + off + i, mask=t0 + i < ctx,
+                         other=0.0)
             if KEYS == 3:    # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
                 kb = tl.reshape(kdesc.load([blk, off, 0]), (BLOCK_T, 128))
             else:
@@ -231,7 +227,7 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
                 kb = tl.trans(kb)                                  # [128, BLOCK_T]
             _tile_out(kb, ks * kscale, q, w, t0 + i, ctx, q_pos, out_q, qmask, max_len,
                       FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
-            blk, blk_n = blk_n, blk_nn
+            blk = blk_n
     else:
         for tile in range(start, busy_end):
             kb, ks = _load_tile(kv_ptr, kvs_ptr, bt_row, tile * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
