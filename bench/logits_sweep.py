@@ -1,6 +1,6 @@
 """Sweep the fp8_paged_mqa_logits Triton kernel's launch variants on CUDA (orientation q x K^T /
 K x q^T, operand decode fp8 / bf16 / f16 / f16bits, head-sum form, tile, warps, stages, grid
-size) on the op's bench cases.
+size, key-load pipelining) on the op's bench cases.
 
 Each variant is first checked against the native reference on the same inputs (the parity
 compare: rtol 2e-4 on the finite logits, -inf at identical positions); a variant that fails
@@ -27,17 +27,21 @@ SHARES = (0.4, 0.35, 0.25)  # the first two compile every variant (next_n 1, 2);
 T0 = time.time()
 OP = "fp8_paged_mqa_logits"
 
-KQ = dict(kq=True, operand="f16", hsum="reshape", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4)
-VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotunes)
+KQ = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4)
+VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotunes); <= 8 rows
+    # key loads (kl docstring): sm_90 TTGIR from Triton 3.6 shows ahead s3 = cp.async ring of 2 tiles
+    # (async_wait 1), s4 = 3 tiles; tma = cp.async.bulk.tensor + mbarrier ring of S - 1 tiles;
+    # CONFIG (plain) = 1 tile of lookahead waited with async_wait 0; prefetch = register double buffer.
+    ("kq f16 T64 w4 s3 keys=tma", dict(KQ, keys="tma")),
+    ("kq f16 T64 w4 s4 keys=tma", dict(KQ, keys="tma", num_stages=4)),
+    ("kq f16 T64 w4 s3 keys=ahead", dict(KQ, keys="ahead")),
+    ("kq f16 T64 w4 s4 keys=ahead", dict(KQ, keys="ahead", num_stages=4)),
+    ("kq f16 T64 w4 s1 keys=prefetch", dict(KQ, keys="prefetch", num_stages=1)),
     ("CONFIG", {}),
-    ("kq fp8promote T64 w4 s3 hsum=mask", dict(KQ, operand="fp8promote", hsum="mask")),
-    ("kq fp8promote T64 w4 s3", dict(KQ, operand="fp8promote")),
-    ("kq fp8 T64 w4 s3 hsum=mask", dict(KQ, operand="fp8", hsum="mask")),
-    ("kq f16 T64 w4 s2 hsum=mask", dict(KQ, num_stages=2, hsum="mask")),
-    ("kq f16 T64 w4 s3", KQ),
-    ("qk fp8 T64 w4 s3 (previous kernel)", "QK_FP8"),
+    ("kq fp8 T64 w4 s3 hsum=mask", dict(KQ, operand="fp8")),
+    ("kq fp8 T64 w4 s4 hsum=mask keys=tma", dict(KQ, operand="fp8", keys="tma", num_stages=4)),
 ]
-PARITY_TOO = {"CONFIG", "kq fp8promote T64 w4 s3 hsum=mask", "kq fp8 T64 w4 s3 hsum=mask"}
+PARITY_TOO = {"CONFIG", "kq f16 T64 w4 s3 keys=tma", "kq f16 T64 w4 s3 keys=ahead", "kq f16 T64 w4 s1 keys=prefetch"}
 
 
 def _time(fn, dev):
@@ -74,7 +78,7 @@ def _row(case, name, check, fn, dev, floor_us, native_us, deadline):
 def sweep(dev, bw):
     from kernelgate.ops.triton import indexer_logits as kl
     op = registry.get(OP)
-    variants = [(name, kl.QK_FP8 if cfg == "QK_FP8" else cfg) for name, cfg in VARIANTS]
+    variants = VARIANTS
     cases = op.bench_cases()
     for i, case in enumerate(cases):
         deadline = T0 + TIMING_S * sum(SHARES[:i + 1])

@@ -161,3 +161,12 @@ def test_unknown_launch_option_is_rejected():
         kl.launch(q.to(DEV), torch.zeros(1, 16 * 132, dtype=torch.uint8, device=DEV), torch.zeros(1, 4, device=DEV),
                   torch.ones(1, dtype=torch.int32, device=DEV), torch.zeros(1, 1, dtype=torch.int32, device=DEV), 1,
                   blok_t=64)
+
+
+def test_unknown_key_load_mode_is_rejected():
+    from kernelgate import KernelgateError
+    q = torch.zeros(1, 1, 4, 128).to(E4M3)
+    with pytest.raises(KernelgateError, match="fp8_paged_mqa_logits.*keys must be one of"):
+        kl.launch(q.to(DEV), torch.zeros(1, 16 * 132, dtype=torch.uint8, device=DEV), torch.zeros(1, 4, device=DEV),
+                  torch.ones(1, dtype=torch.int32, device=DEV), torch.zeros(1, 1, dtype=torch.int32, device=DEV), 1,
+                  keys="bulk")
