@@ -27,7 +27,7 @@ fp32 after every 32 products, as DeepGEMM does.
 Key loads (`keys`, an option outside CONFIG, default "plain"). Triton's pipeliner (sm_80+)
 turns a tile's key load into cp.async, but the key address depends on a block-table load in
 the same iteration (indirection level 1), so num_stages S buys (S - 1) // 2 tiles of lookahead
-(one at S 3 and 4, waited with async_wait 0) and the scales stay a synchronous load:
+(one at S 3 in the sm_90 TTGIR, waited with async_wait 0); the scales stay a synchronous load:
 - "plain": the loop above.
 - "prefetch": tile i + 1's keys and scales are loaded into registers while tile i computes
   (loop-carried values, which the pipeliner leaves alone); any tile size.
