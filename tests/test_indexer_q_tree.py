@@ -1,6 +1,7 @@
 """The indexer q kernel's split-tree form (kernelgate.ops.triton.indexer_q_tree, launch(form="tree"))
 against the op's native reference with the op's own parity compare, and its 128-point Hadamard
-against hand-built one-hot cases (the Sylvester column, known exactly) for both piece widths.
+against hand-built one-hot cases (the Sylvester column, known exactly) for every piece width
+(8 pieces of 16, 4 of 32, 2 of 64).
 
 Runs on CPU under TRITON_INTERPRET=1 (portable arithmetic: the integer fp8 encoder), so the index
 arithmetic of every piece layout, cos/sin source (FREQ) and head mask is checked here; the GPU-only
@@ -10,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kernelgate import alloc, platform
+from kernelgate import KernelgateError, alloc, platform
 from kernelgate.ops import _fp8
 from kernelgate.ops.indexer_q import _case, compare, indexer_q_native, precompute_freqs_cis
 
@@ -18,10 +19,12 @@ kq = pytest.importorskip("kernelgate.ops.triton.indexer_q")
 pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 
 FORMS = {   # id -> launch overrides
-    "p16-tok1-freq0": dict(form="tree", pieces=16, tok=1, freq=0),
-    "p16-tok2-freq2": dict(form="tree", pieces=16, tok=2, freq=2),
     "p8-tok2-freq0": dict(form="tree", pieces=8, tok=2, freq=0),   # per-token cos/sin broadcast over 2 tokens
     "p8-tok1-freq1-heads2": dict(form="tree", pieces=8, tok=1, freq=1, heads=2),  # several head blocks
+    "p4-tok1-freq2": dict(form="tree", pieces=4, tok=1, freq=2),
+    "p2-tok1-freq0": dict(form="tree", pieces=2, tok=1, freq=0),
+    "p2-tok2-freq2": dict(form="tree", pieces=2, tok=2, freq=2),
+    "p2-tok1-freq1-heads4": dict(form="tree", pieces=2, tok=1, freq=1, heads=4),
 }
 CASES = [   # (tokens, heads, variant, fp8 format, hadamard)
     (3, 64, "v4", "e4m3fn", None),
@@ -54,7 +57,7 @@ def test_tree_matches_native(form, case):
     assert (_fp8.code_distance(out[0], ref[0]) == 0).float().mean() > 0.99
 
 
-@pytest.mark.parametrize("pieces", [8, 16])
+@pytest.mark.parametrize("pieces", [8, 4, 2])
 @pytest.mark.parametrize("j", [3, 64, 77, 126])
 def test_hadamard_one_hot(pieces, j):
     # position 0: RoPE is the identity; H e_j / sqrt(128) = (-1)^popcount(i & j) / sqrt(128) for
@@ -69,7 +72,7 @@ def test_hadamard_one_hot(pieces, j):
     torch.testing.assert_close(w_out, torch.full((2, 5, 1), 2.0 / (math.sqrt(128) * 448.0)), rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("pieces", [8, 16])
+@pytest.mark.parametrize("pieces", [8, 4, 2])
 def test_rope_then_hadamard_one_pair(pieces):
     # one v4 pair (dims 64 + 2i, 65 + 2i) = (1, 0) at pair i = 13, rotated by pi/2 -> (0, 1): the
     # result is the Hadamard of e_65+2i, so codes are +-448 with column 65 + 2i's signs
@@ -82,3 +85,10 @@ def test_rope_then_hadamard_one_pair(pieces):
                          pieces=pieces)
     signs = torch.tensor([(-1.0) ** bin(k & (65 + 2 * i)).count("1") for k in range(128)])
     assert torch.equal(q_fp8.float(), (448.0 * signs).expand(1, 3, 128))
+
+
+def test_bad_pieces_raises():
+    q = torch.zeros(1, 2, 128)
+    with pytest.raises(KernelgateError, match="pieces must be one of"):
+        kq.launch(q, torch.ones(1, 2), 1.0, precompute_freqs_cis(4), torch.zeros(1, dtype=torch.int32),
+                  form="tree", pieces=16)
