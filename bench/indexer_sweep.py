@@ -1,6 +1,6 @@
 """Sweep the indexer q kernel's variants on CUDA: fused_q_indexer_rope_hadamard_quant
 (program form: row-major, token-major "tok" with 4 / 8 / 16 column pieces, or the split-tree
-"tree" form (no MMA, no permutes; pieces 16 / 8, cos/sin source freq 0 / 1 / 2); Hadamard form,
+"tree" form (no MMA; pieces 8 / 4 / 2 of 16 / 32 / 64 columns, cos/sin source freq 0 / 1 / 2); Hadamard form,
 fp8 encode, rows per program, warps), on the op's bench cases.
 (A keys x q^T form of the fp8_paged_mqa_logits kernel was swept here on 2026-11-29: every
 variant missed the parity bound on the H200 -- Hopper's fp8 MMA accumulation, 2.3e-4 and
@@ -40,14 +40,15 @@ def _tree(tok, pieces, w, freq, **kw):
 
 
 Q_VARIANTS = {   # name -> kq.launch overrides, best guesses first (warps pinned so nothing autotunes)
-    "v4": [_tree(1, 16, 2, 0), _tree(1, 16, 2, 2), _tree(2, 16, 4, 2), _tree(1, 8, 2, 0), _tree(1, 8, 2, 2),
-           _tree(2, 8, 4, 2), _tree(1, 16, 4, 2),
-           ("CONFIG", {}),
-           _tok(2, 16, 4), _tok(1, 16, 2),
-           _tok(1, 8, 4, hmode="fp32"), _tok(1, 4, 4, hmode="fp32"),
+    # 2026-11-29 H200: tree p16 w2 81 us, p8 tok1 w2 freq2 51.3 (CONFIG), tok1 p4 w4 fp32 75; p4 / p2 new
+    "v4": [_tree(1, 4, 2, 2), _tree(1, 4, 2, 0), _tree(2, 4, 4, 2), _tree(2, 4, 4, 0),
+           _tree(1, 2, 2, 2), _tree(1, 2, 2, 0), _tree(2, 2, 4, 2), _tree(2, 2, 4, 0),
+           ("CONFIG", {}), _tree(1, 8, 2, 0), _tree(2, 8, 4, 2),
+           _tok(1, 4, 4, hmode="fp32"),
            ("rows R64 w4 fp32 (old CONFIG)", ROWS)],
-    "v32": [("CONFIG", {}),
-            _tok(2, 4, 4), _tok(1, 4, 4), _tok(4, 4, 8), _tok(2, 8, 4), _tok(2, 16, 4),
+    # v3.2 (no Hadamard): CONFIG = tok1 p4 w4, 31.6 us; the tree rows (freq 2 = 1 there: pairs are not interleaved)
+    "v32": [("CONFIG", {}), _tok(2, 4, 4),
+            _tree(1, 4, 2, 0), _tree(1, 2, 2, 0), _tree(1, 8, 2, 0), _tree(2, 4, 4, 0), _tree(1, 4, 2, 1),
             ("rows R64 w4 rope_split=False (old CONFIG)", dict(ROWS, rope_split=False))],
 }
 
