@@ -18,9 +18,9 @@ import time
 import torch
 
 from kernelgate import registry
-from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
 from kernelgate.ops import _fp8
 from kernelgate.ops.triton import indexer_q as kq
+from sweep_table import row, start, time_us
 
 DEADLINE_S = 90.0  # later rows print 'skipped (time)'
 T0 = time.time()
@@ -53,32 +53,13 @@ Q_VARIANTS = {   # name -> kq.launch overrides, best guesses first (warps pinned
 }
 
 
-def _time(fn, dev):
-    us = graph_us(fn, dev)
-    return us if us is not None else time_ms(fn, dev) * 1e3
-
-
-def _row(case, name, check, fn, dev, floor_us, native_us=None):
-    if time.time() - T0 > DEADLINE_S:
-        print(f"| {case} | {name} | skipped (time) | | | |")
-        return
-    try:
-        note = check()
-        us = _time(fn, dev)
-    except Exception as e:  # noqa: BLE001 - report the variant, go on with the others
-        print(f"| {case} | {name} | FAIL: {type(e).__name__}: {str(e)[:90]} | | | |", flush=True)
-        return
-    vs = f"{native_us / us:.1f}x" if native_us else ""
-    print(f"| {case} | {name} | {us:.1f} | {floor_us / us:.3f} | {vs} | {note} |", flush=True)
-
-
 def sweep_q(dev, bw):
     op = registry.get("fused_q_indexer_rope_hadamard_quant")
     for case in op.bench_cases():
         args, kw = case.make(dev, torch.bfloat16, torch.Generator().manual_seed(0))
         floor_us = case.bytes(args, kw) / bw / 1e3
         ref = op.reference(*args, **kw)
-        native_us = _time(lambda: op.reference(*args, **kw), dev)
+        native_us = time_us(lambda: op.reference(*args, **kw), dev)
         variant = kw["variant"]
         print(f"| q {case.id} | native | {native_us:.1f} | {floor_us / native_us:.3f} | 1x | floor {floor_us:.1f} us |")
         for name, cfg in Q_VARIANTS[variant]:
@@ -92,20 +73,14 @@ def sweep_q(dev, bw):
                 assert rel <= 1e-5, f"weights_out rel err {rel:.2e}"
                 near = int((_fp8.code_distance(out[0].cpu(), ref[0].cpu()) == 1).sum())
                 return f"ok ({near} codes off by 1)"
-            _row(f"q {variant}", name, check, run, dev, floor_us, native_us)
+            row(f"q {variant}", name, check, run, dev, floor_us, native_us, deadline=T0 + DEADLINE_S)
 
 
 def main():
-    if not torch.cuda.is_available():
-        print("needs a CUDA device")
-        return
-    dev = torch.device("cuda")
-    bw = copy_bandwidth(dev)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, copy bandwidth {bw:.0f} GB/s; "
-          f"q CONFIG v4 {kq.CONFIG}, v3.2 {kq.CONFIG_V32}")
-    print("| case | variant | µs (graph) | of floor | vs native | check |\n|---|---|---:|---:|---:|---|")
-    sweep_q(dev, bw)
-    print(f"total {time.time() - T0:.0f} s")
+    got = start(f"q CONFIG v4 {kq.CONFIG}, v3.2 {kq.CONFIG_V32}")
+    if got:
+        sweep_q(*got)
+        print(f"total {time.time() - T0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import time
 import torch
 
 from kernelgate import registry
-from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
 from kernelgate.testing import assert_close
+from sweep_table import row, start, time_us
 
 DEADLINE_S = 90.0  # rows past their share print 'skipped (time)' (a second run finds Triton's cache warm)
 TIMING_S = 78.0    # the bench cases' share; case i may run until T0 + TIMING_S * sum(SHARES[:i+1])
@@ -44,35 +44,10 @@ VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotun
 PARITY_TOO = {"CONFIG", "kq f16 T64 w4 s3 keys=tma", "kq f16 T64 w4 s3 keys=ahead", "kq f16 T64 w4 s1 keys=prefetch"}
 
 
-def _time(fn, dev):
-    us = graph_us(fn, dev)
-    return us if us is not None else time_ms(fn, dev) * 1e3
-
-
 def _check(run, args, ref, rtol):
     out = run(*args)
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref)), "-inf positions differ"
     assert_close(out, ref, rtol)
-
-
-def _row(case, name, check, fn, dev, floor_us, native_us, deadline):
-    if time.time() > deadline:
-        print(f"| {case} | {name} | skipped (time) | | | |")
-        return
-    try:
-        check()
-        note = "ok"
-    except AssertionError as e:
-        note = f"NOT EXACT: {str(e)[:80]}"
-    except Exception as e:  # noqa: BLE001 - report the variant, go on with the others
-        print(f"| {case} | {name} | FAIL: {type(e).__name__}: {str(e)[:90]} | | | |", flush=True)
-        return
-    try:
-        us = _time(fn, dev)
-    except Exception as e:  # noqa: BLE001
-        print(f"| {case} | {name} | FAIL timing: {type(e).__name__}: {str(e)[:80]} | | | |", flush=True)
-        return
-    print(f"| {case} | {name} | {us:.1f} | {floor_us / us:.3f} | {native_us / us:.1f}x | {note} |", flush=True)
 
 
 def sweep(dev, bw):
@@ -86,14 +61,14 @@ def sweep(dev, bw):
         args, kw = case.make(dev, dtype, torch.Generator().manual_seed(0))
         floor_us = case.bytes(args, kw) / bw / 1e3
         ref = op.reference(*args, **kw)
-        native_us = _time(lambda: op.reference(*args, **kw), dev)
+        native_us = time_us(lambda: op.reference(*args, **kw), dev)
         print(f"| {case.id} | native | {native_us:.1f} | {floor_us / native_us:.3f} | 1x | floor {floor_us:.1f} us |",
               flush=True)
         for name, cfg in variants:
             def run(*a, cfg=cfg):
                 return kl.launch(*a, **cfg)
-            _row(case.id, name, lambda run=run: _check(run, args, ref, op.rtol[dtype]),
-                 lambda run=run: run(*args), dev, floor_us, native_us, deadline)
+            row(case.id, name, lambda run=run: _check(run, args, ref, op.rtol[dtype]),
+                lambda run=run: run(*args), dev, floor_us, native_us, deadline=deadline, time_inexact=True)
     # the op's small parity cases (odd contexts, a one-token context, next_n 2 and 3)
     parity = [(c, c.make(dev, torch.float8_e4m3fn, torch.Generator().manual_seed(1234))[0]) for c in op.cases()]
     parity = [(c, a, op.reference(*a)) for c, a in parity]
@@ -114,17 +89,11 @@ def sweep(dev, bw):
 
 
 def main():
-    if not torch.cuda.is_available():
-        print("needs a CUDA device")
-        return
     from kernelgate.ops.triton import indexer_logits as kl
-    dev = torch.device("cuda")
-    bw = copy_bandwidth(dev)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, copy bandwidth {bw:.0f} GB/s; "
-          f"logits CONFIG {kl.CONFIG}")
-    print("| case | variant | µs (graph) | of floor | vs native | check |\n|---|---|---:|---:|---:|---|")
-    sweep(dev, bw)
-    print(f"total {time.time() - T0:.0f} s")
+    got = start(f"logits CONFIG {kl.CONFIG}")
+    if got:
+        sweep(*got)
+        print(f"total {time.time() - T0:.0f} s")
 
 
 if __name__ == "__main__":

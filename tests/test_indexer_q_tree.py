@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from kernelgate import KernelgateError, alloc, platform
-from kernelgate.ops import _fp8
-from kernelgate.ops.indexer_q import _case, compare, indexer_q_native, precompute_freqs_cis
+from kernelgate import KernelgateError, platform
+from kernelgate.ops.indexer_q import precompute_freqs_cis
 
 kq = pytest.importorskip("kernelgate.ops.triton.indexer_q")
+from test_indexer_q_variants import check_form  # noqa: E402
 pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 
 FORMS = {   # id -> launch overrides
@@ -46,15 +46,7 @@ PAIRS = [pytest.param(f, c, id=f"{f}-{_cid(c)}") for f in FORMS for c in CASES
 
 @pytest.mark.parametrize("form,case", PAIRS)
 def test_tree_matches_native(form, case):
-    B, H, variant, fmt, had = case
-    args, kw = _case(B, H, variant, fmt, had).make("cpu", torch.bfloat16, torch.Generator().manual_seed(B * H))
-    ref = indexer_q_native(*args, **kw)
-    with alloc.poisoned():
-        out = kq.launch(*args, **kw, **FORMS[form])
-    assert out[0].dtype == ref[0].dtype and out[0].shape == ref[0].shape
-    compare(out, ref, torch.bfloat16, args)
-    # fp32 throughout and the exact encoder: almost every code agrees exactly
-    assert (_fp8.code_distance(out[0], ref[0]) == 0).float().mean() > 0.99
+    check_form(FORMS[form], case)
 
 
 @pytest.mark.parametrize("pieces", [8, 4, 2])

@@ -242,7 +242,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     if cfg.get("form", "rows") == "tree":  # split-tree Hadamard, no MMA, see indexer_q_tree.py
         from .indexer_q_tree import launch_tree
         launch_tree(q, weight, weight_scale, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8),
-                    w_out, fmax, meta, tok=cfg.get("tok", 1), pieces=cfg.get("pieces", 16),
+                    w_out, fmax, meta, tok=cfg.get("tok", 1), pieces=cfg.get("pieces", 8),
                     heads=cfg.get("heads", 128), freq=cfg.get("freq", 0), num_warps=cfg.get("num_warps", 4))
         return q_fp8, w_out
     meta["ROPE_SPLIT"] = bool(cfg["rope_split"])
