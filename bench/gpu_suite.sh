@@ -12,6 +12,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
+# Triton's compile + autotune cache survives between device calls: carry the parts a previous call
+# returned (.triton-cache/part.*, ignored by git) and they are unpacked before anything compiles.
+export TRITON_CACHE_DIR=/tmp/triton-cache TRITON_CACHE_AUTOTUNING=1
+mkdir -p "$TRITON_CACHE_DIR"
+if ls .triton-cache/part.* >/dev/null 2>&1; then
+  cat .triton-cache/part.* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
+fi
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$RES/gpu.txt"
@@ -38,4 +45,7 @@ for step in "$@"; do
   esac
 done
 tar czf "$DEST/results.tgz" -C "$RES" .
+mkdir -p "$DEST/triton-cache"
+tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15M -d -a 1 - "$DEST/triton-cache/part."   # <= 16 MiB per file back
+echo "triton cache: $(du -sh "$DEST/triton-cache" | cut -f1) packed (copy $DEST/triton-cache to .triton-cache to carry it)"
 cat "$RES"/*.md > "$DEST/summary.md" 2>/dev/null || true

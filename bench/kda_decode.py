@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from kernelgate.benchmark import graph_us
+
 H, K, V, W = 32, 128, 128, 4
 
 
@@ -92,8 +94,8 @@ def cuda_main(prefill_only: bool = False):
         print(f"| {N} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {p * 1e3:.1f} | {floor:.1f} | {floor / (p * 1e3):.2f} |")
 
     from kernelgate.ops.kda_prefill import make_inputs
-    print("\n| prefill | registry kda_prefill (fla) ms | same + host hints ms | fla chunk_kda ms | ratio (hints) |"
-          "\n|---|---:|---:|---:|---:|")
+    print("\n| prefill | registry kda_prefill (fla) ms | same + host hints ms | fla chunk_kda ms | ratio (hints) "
+          "| device (graph): ours + hints ms | fla ms | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for lens in ([8192], [2048] * 4):
         q, k, v, g, beta, state, cu, sl = (a.to(dev) for a in make_inputs(
             lens, list(range(len(lens))), H, K, V, "cpu", torch.bfloat16, torch.Generator().manual_seed(0)))
@@ -113,7 +115,15 @@ def cuda_main(prefill_only: bool = False):
         d = _time_ms(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
                                        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_l,
                                        cu_seqlens_cpu=cu_cpu), dev)
-        print(f"| T{sum(lens)} N{len(lens)} | {r:.3f} | {rh:.3f} | {d:.3f} | {rh / d:.2f}x |")
+        # device time alone (one graph of 5 calls replayed: no host launch or Python overhead)
+        gh = graph_us(lambda: impl(q, k, v, g, beta, state, cu, sl, **hints), dev, calls=5)
+        gd = graph_us(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
+                                        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_l,
+                                        cu_seqlens_cpu=cu_cpu), dev, calls=5)
+        dev_cols = (f"{gh / 1e3:.3f} | {gd / 1e3:.3f} | {gh / gd:.2f}x" if gh and gd else
+                    f"{'not captured' if gh is None else f'{gh / 1e3:.3f}'} | "
+                    f"{'not captured' if gd is None else f'{gd / 1e3:.3f}'} | -")
+        print(f"| T{sum(lens)} N{len(lens)} | {r:.3f} | {rh:.3f} | {d:.3f} | {rh / d:.2f}x | {dev_cols} |")
 
 
 def per_token_loop(q, k, v, g, beta, S, scale):

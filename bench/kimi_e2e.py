@@ -276,19 +276,26 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--stacks-every", type=float, default=0,
+                    help="dump every thread's stack to stderr every this many seconds (find a stall)")
     ap.add_argument("--tiny", action="store_true", help="tiny widths (smoke test of the script, e.g. on CPU)")
     args = ap.parse_args(argv)
     import torch
+    if args.stacks_every:
+        import faulthandler
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
     if not args.tiny and not torch.accelerator.is_available():
         print("kimi_e2e: needs an accelerator (CUDA / ROCm / XPU); nothing measured")
         return 1
     from kernelgate import platform, registry
+    t_start = time.perf_counter()
     dtype, device = torch.bfloat16, torch.device(args.device)
     hf = hf_model(args.layers, device, dtype, args.tiny)
     ours = kernelgate_model(hf, device, dtype)
     natives = {name: "native" for name in registry.ops()}
     checks = check(ours, hf, device, natives)
-    print("correctness vs HF transformers fp32 (pure PyTorch, same weights upcast), 2x48 tokens:")
+    print(f"correctness vs HF transformers fp32 (pure PyTorch, same weights upcast), 2x48 tokens "
+          f"({time.perf_counter() - t_start:.0f} s in):")
     for k, c in checks.items():
         print(f"  {k:24s} rel_err {c['rel_err']:.3e}  argmax_agree {c['argmax_agree']:.3f}  "
               f"route_flips {c['route_flips']}")
@@ -302,22 +309,27 @@ def main(argv=None) -> int:
     rows = {}
     gerr = graphs_check(ours)
     print("decode graphs: " + ("none (eager decode)" if gerr is None else
-                                f"captured step vs eager step rel_err {gerr:.2e}"), flush=True)
+                                f"captured step vs eager step rel_err {gerr:.2e}")
+          + f" ({time.perf_counter() - t_start:.0f} s in)", flush=True)
     if gerr is not None and not gerr < 1e-2:
         print("kimi_e2e: the captured decode step disagrees with the eager one; not benchmarking")
         return 3
     def measure(name, fns):
         """One table row, printed as soon as it is measured; a failing cell is reported, not fatal."""
         vals = []
-        for fn in fns:
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
             try:
                 vals.append(fn())
             except Exception as e:  # noqa: BLE001 - keep the other rows
                 print(f"kimi_e2e: {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 vals.append(float("nan"))
+            print(f"    {name} [{head[i]}]: {vals[-1]:,.0f} tok/s (cell took {time.perf_counter() - t0:.1f} s)",
+                  flush=True)
         rows[name] = vals
         print(f"  {name}: " + ", ".join(f"{v:,.0f}" for v in vals) + " tok/s", flush=True)
 
+    head = [f"decode b{b} tok/s" for b in batches] + [f"prefill {args.prefill} tok/s"]
     decode = [lambda b=b, **kw: ours_decode(ours, b, args.prompt, args.steps, **kw) for b in batches]
     measure("kernelgate", [*decode, lambda: ours_prefill(ours, args.prefill)])
     measure("kernelgate eager", [*(lambda f=f: f(graphs=False) for f in decode), lambda: rows["kernelgate"][-1]])
@@ -328,7 +340,6 @@ def main(argv=None) -> int:
     if not args.skip_hf:
         measure("HF transformers", [*(lambda b=b: hf_decode(hf, b, args.prompt, max(4, args.steps // 2))
                                       for b in batches), lambda: hf_prefill(hf, args.prefill, reps=1)])
-    head = [f"decode b{b} tok/s" for b in batches] + [f"prefill {args.prefill} tok/s"]
     c = hf.config
     lines = [f"Kimi Linear e2e, {args.layers} layers (3:1 KDA:MLA), hidden {c.hidden_size}, "
              f"{c.num_local_experts}x{c.moe_intermediate_size} experts top-{c.num_experts_per_tok}, bf16, "
