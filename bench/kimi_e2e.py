@@ -193,6 +193,29 @@ def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
     return rel_err(graph.float(), eager.float())
 
 
+def decode_floor(model, batch: int, context: int, gbps: float) -> float:
+    """Upper bound on decode tokens/s from bytes alone: every byte one step must move, read
+    once at the measured copy bandwidth. A step reads every weight but the routed experts and
+    the embedding table (one row per token), the experts the batch routes to (expected number
+    of distinct ones when each token picks k of E uniformly: E * (1 - (1 - k/E)^batch)), and
+    each sequence's KDA and conv states (read and written) and MLA cache up to `context`."""
+    c = model.config
+    E, k = c.num_experts, c.num_experts_per_token
+    distinct = E * (1 - (1 - k / E) ** batch)
+    weights = 0.0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * p.element_size()
+        if ".experts." in name:
+            nbytes *= distinct / E
+        elif name.endswith("embed_tokens.weight"):
+            nbytes *= batch / p.shape[0]
+        weights += nbytes
+    pool = model.new_pool(1, context)
+    per_seq = sum(2 * t.numel() * t.element_size() for t in (*pool.kda_state.values(), *pool.conv_state.values()))
+    per_seq += sum(t.numel() * t.element_size() for t in pool.mla_cache.values())
+    return batch / ((weights + batch * per_seq) / (gbps * 1e9))
+
+
 def ours_decode(model, batch: int, prompt: int, steps: int, warm: int = 3, graphs: bool = True) -> float:
     """Decode tokens/s through the engine (scheduler step = model step + sampling)."""
     import torch
@@ -337,6 +360,12 @@ def main(argv=None) -> int:
     with registry.forcing(natives):
         measure("kernelgate native", [*(lambda b=b: ours_decode(ours, b, args.prompt, max(4, args.steps // 4))
                                         for b in batches), lambda: ours_prefill(ours, args.prefill, reps=1)])
+    from kernelgate.benchmark import copy_bandwidth
+    gbps = copy_bandwidth(device)
+    ctx = args.prompt + args.steps
+    rows["byte floor"] = [decode_floor(ours, b, ctx, gbps) for b in batches] + [float("nan")]
+    print(f"  byte floor (copy bandwidth {gbps:,.0f} GB/s, uniform routing): "
+          + ", ".join(f"{v:,.0f}" for v in rows["byte floor"][:-1]) + " tok/s", flush=True)
     if not args.skip_hf:
         measure("HF transformers", [*(lambda b=b: hf_decode(hf, b, args.prompt, max(4, args.steps // 2))
                                       for b in batches), lambda: hf_prefill(hf, args.prefill, reps=1)])
@@ -347,10 +376,11 @@ def main(argv=None) -> int:
              "|---|" + "---|" * len(head)]
     for name, vals in rows.items():
         lines.append(f"| {name} | " + " | ".join(f"{v:,.0f}" for v in vals) + " |")
-    for base in ("kernelgate native", "HF transformers"):
+    for base in ("byte floor", "kernelgate native", "HF transformers"):
         if base in rows:
+            digits = 2 if base == "byte floor" else 1
             lines.append(f"| kernelgate / {base} | " + " | ".join(
-                f"{a / b:.1f}x" for a, b in zip(rows["kernelgate"], rows[base])) + " |")
+                "-" if b != b else f"{a / b:.{digits}f}x" for a, b in zip(rows["kernelgate"], rows[base])) + " |")
     lines += ["", "dispatch plan (kernel path): " + ", ".join(f"{k}={'/'.join(v)}" for k, v in plan.items())]
     text = "\n".join(lines)
     print(text)
