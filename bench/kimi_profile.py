@@ -80,8 +80,9 @@ def main():
     ours = e2e.kernelgate_model(hf, dev, dtype)
     for b in [int(x) for x in a.batches.split(",")]:
         sched = Scheduler(ours, max_slots=b, max_len=200, max_prefill_tokens=1 << 30)
-        for _ in range(b):
-            sched.add(Request(list(range(3, 67)), SamplingParams(max_new_tokens=100)))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(b):   # distinct prompts: one shared prompt would route every token to the same experts
+            sched.add(Request(torch.randint(0, 1000, (64,), generator=g).tolist(), SamplingParams(max_new_tokens=100)))
         sched.step()
         for _ in range(3):
             sched.step()
