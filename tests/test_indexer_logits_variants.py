@@ -38,6 +38,9 @@ VARIANTS = {   # id -> launch overrides
     "kq-f16bits-T16-tma": dict(kq=True, operand="f16bits", keys="tma", block_t=16, min_tiles=3),
     "kq-f16bits-tma": dict(kq=True, operand="f16bits", keys="tma"),
     "qk-f16bits-T16-tma": dict(kq=False, operand="f16bits", keys="tma", block_t=16, min_tiles=3),
+    "kq-f16bits-tma2": dict(kq=True, operand="f16bits", keys="tma2"),
+    "kq-f16bits-T16-tma2": dict(kq=True, operand="f16bits", keys="tma2", block_t=16, min_tiles=3),
+    "qk-f16bits-T16-tma2": dict(kq=False, operand="f16bits", keys="tma2", block_t=16, min_tiles=3),
 }
 EXACT_ON_GPU = ("f16bits", "f16", "bf16")     # fp8 MMA accumulation misses 2e-4 on Hopper
 

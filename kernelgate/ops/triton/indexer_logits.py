@@ -39,8 +39,12 @@ the same iteration (indirection level 1), so num_stages S buys (S - 1) // 2 tile
 - "tma": "ahead" with the keys read by TMA from a host-side descriptor over the cache viewed
   as [num_blocks, block_size, 128] uint8, strides (block_size * 132, 128, 1): a tile is the
   box [1, BLOCK_T, 128] at (block, offset, 0); pipelined as cp.async.bulk.tensor + mbarriers.
-"ahead" and "tma" need ONE_BLOCK (a tile inside one cache block); elsewhere they run "plain".
-"tma" needs sm_90+ and 16-byte aligned strides (block_size % 4 == 0); elsewhere (AMD, XPU,
+- "tma2": "tma" with the scales loaded one tile ahead into registers (a loop-carried [BLOCK_T]),
+  so no load in the loop is waited on in its own iteration. (Scales through a second TMA
+  descriptor are not pipelined by Triton 3.6 -- they feed no dot -- and were issued and waited in
+  the same iteration in the sm_90 TTGIR; the register prefetch keeps the key ring intact.)
+"ahead" and "tma(2)" need ONE_BLOCK (a tile inside one cache block); elsewhere they run "plain".
+"tma(2)" needs sm_90+ and 16-byte aligned strides (block_size % 4 == 0); elsewhere (AMD, XPU,
 older NVIDIA) it runs "ahead". The interpreter runs TensorDescriptor loads (Triton 3.9).
 
 Under the interpreter (DOT_F32) fp8 -> bf16 conversion and bf16 tl.dot are not reliable
@@ -69,7 +73,7 @@ CONFIG = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_
 QK_FP8 = dict(kq=False, operand="fp8", hsum="reshape", block_t=64, num_warps=4, num_stages=3,
               programs=2048, min_tiles=2)
 PORTABLE = dict(CONFIG, operand="f16bits", num_stages=1, programs=64, min_tiles=1)  # interpreter
-KEYS = {"plain": 0, "prefetch": 1, "ahead": 2, "tma": 3}
+KEYS = {"plain": 0, "prefetch": 1, "ahead": 2, "tma": 3, "tma2": 4}
 OPTIONAL = dict(keys="plain")   # launch options with a default, settable in CONFIG too
 
 
@@ -213,13 +217,21 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
     elif KEYS >= 2:  # ONE_BLOCK: the table entry loaded one tile ahead (a loop-carried scalar)
         t0 = start * BLOCK_T
         blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0)
+        ks_n = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + t0 % block_size + i,
+                       mask=t0 + i < ctx, other=0.0)
         for tile in range(start, busy_end):
             t0 = tile * BLOCK_T
             blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
             off = t0 % block_size
-            ks = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + off + i, mask=t0 + i < ctx,
-                         other=0.0)
-            if KEYS == 3:    # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
+            if KEYS == 4:    # scales of this tile were loaded last iteration; load the next tile's
+                ks = ks_n
+                t1 = t0 + BLOCK_T
+                ks_n = tl.load(kvs_ptr + blk_n.to(tl.int64) * blk_words + block_size * 32 + t1 % block_size + i,
+                               mask=t1 + i < ctx, other=0.0)
+            else:
+                ks = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + off + i,
+                             mask=t0 + i < ctx, other=0.0)
+            if KEYS >= 3:    # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
                 kb = tl.reshape(kdesc.load([blk, off, 0]), (BLOCK_T, 128))
             else:
                 kb = tl.load(kv_ptr + blk.to(tl.int64) * blk_bytes + (off + i)[:, None] * 128 + d[None, :],
@@ -247,15 +259,15 @@ def _nvidia(device: torch.device) -> bool:
 
 def _key_loads(keys: str, kv: torch.Tensor, block_size: int, block_t: int):
     """-> (KEYS code the device can run, TMA descriptor or None); routing as in the docstring."""
-    if keys in ("ahead", "tma") and block_size % block_t:
+    if keys in ("ahead", "tma", "tma2") and block_size % block_t:
         return KEYS["plain"], None          # a tile spans cache blocks: one table entry per token
-    if keys == "tma":
+    if keys in ("tma", "tma2"):
         interp = platform.interpreting()
         hopper = _nvidia(kv.device) and torch.cuda.get_device_capability(kv.device)[0] >= 9
         if (interp or hopper) and block_size % 4 == 0 and kv.data_ptr() % 16 == 0:
             from triton.tools.tensor_descriptor import TensorDescriptor
-            return KEYS["tma"], TensorDescriptor(kv, [kv.shape[0], block_size, 128],
-                                                 [kv.stride(0), 128, 1], [1, block_t, 128])
+            return KEYS[keys], TensorDescriptor(kv, [kv.shape[0], block_size, 128],
+                                                [kv.stride(0), 128, 1], [1, block_t, 128])
         return KEYS["ahead"], None
     return KEYS[keys], None
 
