@@ -109,6 +109,17 @@ def _detect_real() -> tuple[str, str, str | None, str | None]:
     return "cpu", "cpu", None, None
 
 
+def fp8_hardware(capability: str | None) -> bool:
+    """Whether a device of this capability converts fp8 in hardware, which Triton's fp8 casts need:
+    NVIDIA from sm_89 (Ada, Hopper, Blackwell; Triton rejects float8e4nv below), AMD gfx94x / gfx95x
+    (MI300 / MI350) and gfx12. Elsewhere kernels decode fp8 bytes with integer ops (exact)."""
+    if not capability:
+        return False
+    if capability.startswith("sm_"):
+        return int(capability[3:]) >= 89
+    return capability.startswith(("gfx94", "gfx95", "gfx12"))
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 

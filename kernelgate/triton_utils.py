@@ -1,7 +1,26 @@
 """Helpers for portable Triton kernels (CUDA, ROCm, XPU, and CPU under TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
+import torch
+
+from . import platform
 from .platform import interpreting
+
+
+def nvidia(device: torch.device) -> bool:
+    """Tensors on `device` run compiled Triton on an NVIDIA GPU (not ROCm, not the interpreter)."""
+    return device.type == "cuda" and torch.version.hip is None and not interpreting()
+
+
+def sm() -> int:
+    """The NVIDIA device's compute capability as 80, 90, ...; 0 elsewhere."""
+    cap = platform.current().capability or ""
+    return int(cap[3:]) if cap.startswith("sm_") else 0
+
+
+def fp8_hardware() -> bool:
+    """The current device converts fp8 in hardware (platform.fp8_hardware)."""
+    return platform.fp8_hardware(platform.current().capability)
 
 
 def autotune_or_fixed(configs, key, fixed):

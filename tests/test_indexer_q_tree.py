@@ -25,6 +25,7 @@ FORMS = {   # id -> launch overrides
     "p2-tok1-freq0": dict(form="tree", pieces=2, tok=1, freq=0),
     "p2-tok2-freq2": dict(form="tree", pieces=2, tok=2, freq=2),
     "p2-tok1-freq1-heads4": dict(form="tree", pieces=2, tok=1, freq=1, heads=4),
+    "p8-tok1-freq2-fastdiv": dict(form="tree", pieces=8, tok=1, freq=2, fast_div=True),  # NORM folded into 1/scale
 }
 CASES = [   # (tokens, heads, variant, fp8 format, hadamard)
     (3, 64, "v4", "e4m3fn", None),

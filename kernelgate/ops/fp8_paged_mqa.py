@@ -250,14 +250,8 @@ fp8_paged_mqa_logits = declare(
     rtol={torch.float8_e4m3fn: 2e-4, torch.float8_e4m3fnuz: 2e-4})
 
 
-def _triton_logits_supports(q_fp8, *args, **kwargs):
-    # the kernel feeds fp8 straight into tl.dot; NVIDIA has no e4m3fnuz (fp8e4b8) MMA or conversion
-    if q_fp8.dtype == torch.float8_e4m3fnuz and q_fp8.device.type == "cuda" and torch.version.hip is None:
-        return "e4m3fnuz is ROCm's format: Triton has no fp8e4b8 dot on NVIDIA GPUs"
-    return None
-
-
 fp8_paged_mqa_logits.implementation(
     "triton", "kernelgate.ops.triton.indexer_logits:fp8_paged_mqa_logits_triton", provider="triton",
-    platforms=GPU_TRITON, requires=("triton",), priority=10, supports=_triton_logits_supports,
-    doc="per (sequence, context split): fp8 tl.dot of all heads x 64 keys, relu, weighted head sum")
+    platforms=GPU_TRITON, requires=("triton",), priority=10,
+    doc="per (sequence, context split): keys x q^T tl.dot over 64-key tiles (fp8 upcast, or decoded from the "
+        "bytes where the device has no conversion for the format), relu, weighted head sum")

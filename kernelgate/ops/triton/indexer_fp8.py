@@ -44,6 +44,8 @@ def encode_e4m3(x, FNUZ: tl.constexpr):
 def as_fp8(byte, FNUZ: tl.constexpr):
     """Reinterpret uint8 bytes as fp8 (decoding and `tl.dot` on fp8 are exact in the
     interpreter; only the fp32 -> fp8 rounding is not, see above)."""
-    if FNUZ:
-        return byte.to(tl.float8e4b8, bitcast=True)
-    return byte.to(tl.float8e4nv, bitcast=True)
+    if FNUZ:    # one return: Triton 3.6 rejects two returns of different types even under a constexpr if
+        x = byte.to(tl.float8e4b8, bitcast=True)
+    else:
+        x = byte.to(tl.float8e4nv, bitcast=True)
+    return x

@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import alloc, platform
+from ... import alloc, platform, triton_utils
 from ...checks import require
 from .. import _fp8
 from ..fp8_paged_mqa import OP_LOGITS, TOKEN_BYTES, cache_blocks
@@ -253,8 +253,18 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
                  mask=qmask[:, None] & (t < max_len)[None, :])
 
 
-def _nvidia(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.version.hip is None and not platform.interpreting()
+def _defaults(device: torch.device, fnuz: bool) -> dict:
+    """Launch choices for `device`: PORTABLE under the interpreter, CONFIG on NVIDIA, QK_FP8 elsewhere,
+    with the integer fp8 decode ("f16bits") where the device has no conversion for the format:
+    no fp8 at all (sm_80, gfx90a, XPU: Triton refuses, or LLVM cannot lower, the casts) or
+    e4m3fnuz on NVIDIA."""
+    if platform.interpreting():
+        return PORTABLE
+    nvidia = triton_utils.nvidia(device)
+    cfg = CONFIG if nvidia else QK_FP8
+    if not triton_utils.fp8_hardware() or (fnuz and nvidia):
+        cfg = dict(cfg, operand="f16bits")
+    return cfg
 
 
 def _key_loads(keys: str, kv: torch.Tensor, block_size: int, block_t: int):
@@ -263,7 +273,7 @@ def _key_loads(keys: str, kv: torch.Tensor, block_size: int, block_t: int):
         return KEYS["plain"], None          # a tile spans cache blocks: one table entry per token
     if keys in ("tma", "tma2"):
         interp = platform.interpreting()
-        hopper = _nvidia(kv.device) and torch.cuda.get_device_capability(kv.device)[0] >= 9
+        hopper = triton_utils.nvidia(kv.device) and triton_utils.sm() >= 90
         if (interp or hopper) and block_size % 4 == 0 and kv.data_ptr() % 16 == 0:
             from triton.tools.tensor_descriptor import TensorDescriptor
             return KEYS[keys], TensorDescriptor(kv, [kv.shape[0], block_size, 128],
@@ -283,15 +293,15 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     require(weights.is_contiguous(), OP_LOGITS, "weights must be contiguous")
     require(block_tables.stride(1) == 1, OP_LOGITS, "block_tables must be contiguous along its rows")
     interp = platform.interpreting()
-    cfg = {**OPTIONAL, **(PORTABLE if interp else CONFIG if _nvidia(q_fp8.device) else QK_FP8), **config}
+    fnuz = _fp8.DTYPE_FORMAT[q_fp8.dtype] == "e4m3fnuz"
+    cfg = {**OPTIONAL, **_defaults(q_fp8.device, fnuz), **config}
     known = set(CONFIG) | set(OPTIONAL)
     require(set(cfg) == known, OP_LOGITS, f"unknown launch options {sorted(set(cfg) - known)}")
     require(cfg["keys"] in KEYS, OP_LOGITS, f"keys must be one of {sorted(KEYS)}, got {cfg['keys']!r}")
     operand = OPERANDS[cfg["operand"]]
     kv = cache_blocks(kv_cache)
     block_size = kv.shape[1] // TOKEN_BYTES
-    fnuz = _fp8.DTYPE_FORMAT[q_fp8.dtype] == "e4m3fnuz"
-    require(not (fnuz and _nvidia(q_fp8.device) and operand != 3), OP_LOGITS,
+    require(not (fnuz and triton_utils.nvidia(q_fp8.device) and operand != 3), OP_LOGITS,
             f"operand {cfg['operand']!r}: NVIDIA GPUs have no e4m3fnuz conversion (use 'f16bits')")
     out = alloc.empty((B * next_n, max_context_len), torch.float32, q_fp8.device)
     if B == 0:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import alloc, platform
+from ... import alloc, triton_utils
 from ...checks import require
 from ...triton_utils import autotune_or_fixed
 from .. import _fp8
@@ -121,6 +121,8 @@ def _quant(x, inv, sc, fmax, FNUZ: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.
         y = x * inv          # within an fp32 ulp of x / scale: rarely a one-code difference
     else:
         y = tl.math.div_rn(x, sc)
+    if HW:   # cvt.rn.satfinite saturates at +-448 itself (and keeps NaN a NaN, as torch's clamp does)
+        return _encode(y, FNUZ, HW)
     return _encode(tl.minimum(tl.maximum(y, -fmax), fmax), FNUZ, HW)
 
 
@@ -205,10 +207,6 @@ def _h32(device, n: int = 32) -> torch.Tensor:
     return _H32[key]
 
 
-def _nvidia(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.version.hip is None and not platform.interpreting()
-
-
 def indexer_q_triton(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn",
                      hadamard=None):
     return launch(q, weight, weight_scale, freqs_cis, positions, variant, fp8_format, hadamard)
@@ -221,7 +219,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     require(q.stride(-1) == 1, OP, f"q must be contiguous in the head dim, got strides {q.stride()}")
     require(freqs_cis.is_contiguous(), OP, "freqs_cis must be contiguous")
     dtype, fmax = _fp8.FORMATS[fp8_format]
-    nvidia = _nvidia(q.device)
+    nvidia = triton_utils.nvidia(q.device)
     cfg = {**((CONFIG if variant == "v4" else CONFIG_V32) if nvidia else PORTABLE), **config}
     use_h = (variant == "v4") if hadamard is None else hadamard
     q_fp8 = alloc.empty((B, H, D), dtype, q.device)
@@ -231,7 +229,8 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
         return q_fp8, w_out
     meta = dict(V4=variant == "v4", HADAMARD=use_h, FNUZ=fp8_format == "e4m3fnuz",
                 PREC="tf32x3" if nvidia else "ieee", HMODE=HMODES[cfg["hmode"]],
-                DOT_F32=not nvidia, HW_ENCODE=bool(cfg["hw_encode"]) and nvidia and fp8_format == "e4m3fn",
+                DOT_F32=not nvidia, HW_ENCODE=bool(cfg["hw_encode"]) and nvidia and fp8_format == "e4m3fn"
+                and triton_utils.fp8_hardware(),
                 FAST_DIV=bool(cfg["fast_div"]))
     if cfg.get("form", "rows") == "tok":   # token-major programs, see indexer_q_tok.py
         from .indexer_q_tok import launch_tok

@@ -221,7 +221,10 @@ def _st(out, K: tl.constexpr, W: tl.constexpr, x, inv, sc, fmax, m2, HAD: tl.con
     wider u8 store would put a row on several threads and that layout would spread back up the tree."""
     R: tl.constexpr = m2.shape[0]
     if HAD:
-        x = x * NORM
+        if FAST_DIV:    # one multiply per value, x * (NORM / scale): a rounding step fewer than
+            inv = inv * NORM    # (x * NORM) * (1 / scale), within FAST_DIV's one-code difference
+        else:
+            x = x * NORM
     y = _quant(x, inv, sc, fmax, FNUZ, HW, FAST_DIV)               # [R, W] u8
     if W == 64:
         a, b = _uncat(y, R, 32)
