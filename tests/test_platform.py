@@ -89,3 +89,12 @@ def test_simulated_platform_changes_dispatch(monkeypatch):
         assert chosen == {"xpu": "triton", "rocm": "triton", "cpu": "native", "npu": "native"}
     else:
         assert chosen["cpu"] == chosen["npu"] == "native" and chosen["xpu"] == "triton"
+
+
+@pytest.mark.parametrize("capability,has", [
+    ("sm_80", False), ("sm_86", False), ("sm_89", True), ("sm_90", True), ("sm_100", True),
+    ("gfx90a", False), ("gfx942:sramecc+:xnack-", True), ("gfx950", True), ("gfx1201", True),
+    ("gfx1100", False), (None, False)])
+def test_fp8_hardware_by_capability(capability, has):
+    # what decides between fp8 casts and the integer fp8 decode in the indexer kernels
+    assert platform.fp8_hardware(capability) is has
