@@ -217,8 +217,9 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
     elif KEYS >= 2:  # ONE_BLOCK: the table entry loaded one tile ahead (a loop-carried scalar)
         t0 = start * BLOCK_T
         blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0)
-        ks_n = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + t0 % block_size + i,
-                       mask=t0 + i < ctx, other=0.0)
+        if KEYS == 4:
+            ks_n = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + t0 % block_size + i,
+                           mask=t0 + i < ctx, other=0.0)
         for tile in range(start, busy_end):
             t0 = tile * BLOCK_T
             blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
