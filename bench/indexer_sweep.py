@@ -40,15 +40,14 @@ def _tree(tok, pieces, w, freq, **kw):
 
 
 Q_VARIANTS = {   # name -> kq.launch overrides, best guesses first (warps pinned so nothing autotunes)
-    # 2026-11-29 H200: tree p16 w2 81 us, p8 tok1 w2 freq2 51.3 (CONFIG), tok1 p4 w4 fp32 75; p4 / p2 new
-    "v4": [_tree(1, 4, 2, 2), _tree(1, 4, 2, 0), _tree(2, 4, 4, 2), _tree(2, 4, 4, 0),
-           _tree(1, 2, 2, 2), _tree(1, 2, 2, 0), _tree(2, 2, 4, 2), _tree(2, 2, 4, 0),
-           ("CONFIG", {}), _tree(1, 8, 2, 0), _tree(2, 8, 4, 2),
-           _tok(1, 4, 4, hmode="fp32"),
-           ("rows R64 w4 fp32 (old CONFIG)", ROWS)],
-    # v3.2 (no Hadamard): CONFIG = tok1 p4 w4, 31.6 us; the tree rows (freq 2 = 1 there: pairs are not interleaved)
-    "v32": [("CONFIG", {}), _tok(2, 4, 4),
-            _tree(1, 4, 2, 0), _tree(1, 2, 2, 0), _tree(1, 8, 2, 0), _tree(2, 4, 4, 0), _tree(1, 4, 2, 1),
+    # 2026-11-29 H200 (session 4): tree p8 tok1 w2 freq2 51.0 us, p4 50.1, p2 54.8. Session 4 (ncu: the tree is L2-bound on half-sector accesses, a row per thread) -> tok form, H32 = H2
+    # across two lanes x H16 inside ("lanes"): w4 35.1-35.4 us, lanes2 39.3, tok2 w8 39.5; at 80 registers
+    # (maxnreg) 32.5 = 0.75 -> CONFIG; 72 spills (37.0); grid-stride loops with cp.async pipelining 37-44.
+    "v4": [("CONFIG", {}), _tok(1, 4, 4, hmode="lanes", maxnreg=88), _tok(1, 4, 4, hmode="lanes"),
+           _tok(1, 4, 4, hmode="lanes2", maxnreg=80), _tok(1, 4, 2, hmode="lanes", heads=32, maxnreg=80),
+           ("tree (session-3 CONFIG)", kq.TREE)],
+    # v3.2 (no Hadamard): CONFIG = tok1 p4 w4, 29.3-29.5 us; maxnreg 64 44.4, grid-stride loops 34.3-41.4
+    "v32": [("CONFIG", {}), _tok(1, 4, 4, maxnreg=72), _tok(1, 4, 2, heads=32),
             ("rows R64 w4 rope_split=False (old CONFIG)", dict(ROWS, rope_split=False))],
 }
 
@@ -76,10 +75,28 @@ def sweep_q(dev, bw):
             row(f"q {variant}", name, check, run, dev, floor_us, native_us, deadline=T0 + DEADLINE_S)
 
 
+def compiled_regs(kernel):
+    """(num_warps, maxnreg, registers, spills) of every binary the JIT holds for `kernel`: a register cap
+    must give a binary of its own (Triton keys its cache on the launch options)."""
+    rows = []
+    for cache in getattr(kernel, "device_caches", {}).values():
+        kc = cache[0] if isinstance(cache, tuple) else cache
+        for k in kc.values():
+            if hasattr(k, "_init_handles"):
+                k._init_handles()
+            md = k.metadata
+            rows.append((md.num_warps, getattr(md, "maxnreg", None), getattr(k, "n_regs", None),
+                         getattr(k, "n_spills", None)))
+    return rows
+
+
 def main():
     got = start(f"q CONFIG v4 {kq.CONFIG}, v3.2 {kq.CONFIG_V32}")
     if got:
         sweep_q(*got)
+        from kernelgate.ops.triton import indexer_q_tok
+        print("tok-form binaries (num_warps, maxnreg, registers, spills):",
+              sorted(compiled_regs(indexer_q_tok._indexer_q_tok_kernel), key=str))
         print(f"total {time.time() - T0:.0f} s")
 
 

@@ -24,7 +24,7 @@ it needs no fp8 conversion instruction (so it also decodes e4m3fnuz on NVIDIA).
 (2^30) never promotes the tensor core's reduced-precision partial sums; 32 promotes them to
 fp32 after every 32 products, as DeepGEMM does.
 
-Key loads (`keys`: default "plain"; CONFIG on NVIDIA takes "tma", 51.7 vs 63.3 µs plain at
+Key loads (`keys`: default "plain"; CONFIG on NVIDIA takes "tma2": 51.6 vs 63.3 µs plain at
 B32 ctx32k on the H200, bench/RESULTS.md). Triton's pipeliner (sm_80+)
 turns a tile's key load into cp.async, but the key address depends on a block-table load in
 the same iteration (indirection level 1), so num_stages S buys (S - 1) // 2 tiles of lookahead
@@ -66,15 +66,23 @@ from .indexer_fp8 import as_fp8
 OPERANDS = {"fp8": 0, "bf16": 1, "f16": 2, "f16bits": 3, "fp8promote": 4}
 # Launch choices on NVIDIA GPUs (the lead sets the winners of bench/logits_sweep.py here).
 # programs: the grid aims at about this many (sequence, split) programs; min_tiles: at least
-# this many tiles per program (q is loaded and upcast once per program).
+# this many tiles per program (q is loaded and upcast once per program). keys "tma2" (H200, 2026-11-29
+# session 4, bench/logits_sweep.py): 51.6 / 79.3 / 8.5 us (B32 ctx32k next_n 1 / 2, B1 ctx128k) against
+# keys "tma" 52.7 / 84.9 / 8.6.
 CONFIG = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_stages=3,
-              programs=1056, min_tiles=4, keys="tma")
+              programs=1056, min_tiles=4, keys="tma2", maxnreg="auto")
+# maxnreg "auto": MAXNREG by the padded next_n. At next_n 1 the kernel takes 114 registers (4 programs of
+# 4 warps per SM; ncu: 3.65 warps per scheduler, 46 % issue); capped at 96, 5 programs fit: 51.3 -> 47.5 us
+# at B32 ctx32k, 8.5 -> 8.1 at B1 ctx128k (H200, session 4). At next_n 2 (153 registers) any cap spills
+# (96: 78.4 -> 96.1 us; 104: 137), so none there; 80 is slower at next_n 1 (62.9) and fails ptxas at 2.
+MAXNREG = {1: 96}
 # The kernel before the keys x q^T work (fp8 q x K^T): the choice on other GPUs.
 QK_FP8 = dict(kq=False, operand="fp8", hsum="reshape", block_t=64, num_warps=4, num_stages=3,
               programs=2048, min_tiles=2)
 PORTABLE = dict(CONFIG, operand="f16bits", num_stages=1, programs=64, min_tiles=1)  # interpreter
 KEYS = {"plain": 0, "prefetch": 1, "ahead": 2, "tma": 3, "tma2": 4}
-OPTIONAL = dict(keys="plain")   # launch options with a default, settable in CONFIG too
+OPTIONAL = dict(keys="plain", maxnreg=None)   # launch options with a default, settable in CONFIG too
+# (maxnreg: a cap on registers per thread on NVIDIA, for more resident warps; an int, None or "auto")
 
 
 @triton.jit
@@ -315,6 +323,9 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     # f16bits: q and k decoded as value * 2^-(15 - bias) each (bias 7 for e4m3fn, 8 for fnuz)
     kscale = float(2 ** (2 * (15 - (8 if fnuz else 7)))) if operand == 3 else 1.0
     extra = {} if interp else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    maxnreg = MAXNREG.get(nqp) if cfg["maxnreg"] == "auto" else cfg["maxnreg"]
+    if maxnreg and triton_utils.nvidia(q_fp8.device):
+        extra["maxnreg"] = maxnreg
     keys, kdesc = _key_loads(cfg["keys"], kv, block_size, bt)
     _logits_kernel[(B, triton.cdiv(n_tiles, tiles_per_prog))](
         q_fp8.view(torch.uint8), kv, kv.view(torch.float32), weights, context_lens, block_tables, out, kdesc,

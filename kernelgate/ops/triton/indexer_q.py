@@ -36,17 +36,20 @@ from ..indexer_q import OP, sylvester_hadamard
 from .indexer_fp8 import encode_e4m3
 
 BLOCK_R = 64  # rows per program under the interpreter; autotuned on GPUs unless CONFIG pins it
-HMODES = {"fp32": 0, "bf16x3": 2, "butterfly": 3}
+HMODES = {"fp32": 0, "bf16x3": 2, "butterfly": 3, "lanes": 4, "lanes2": 5}   # 4, 5: tok form only (indexer_q_tok.py)
 # Launch choices on CUDA, per variant. form "rows": this file's kernel (block_r rows per program,
 # None = autotuned); form "tok": indexer_q_tok.py (tok tokens x all heads per program, pieces 4 / 8
 # / 16 column pieces); form "tree": indexer_q_tree.py (split-tree Hadamard, no MMA). Measured on
 # the H200 (2026-11-29, T4096 x H64, CUDA graph, bench/indexer_sweep.py), rows form: v4 R64 w4 fp32
 # Hadamard 76.8 us (bf16x3 85.1, butterfly 83.8); v3.2 R64 w4 without the split RoPE 39.2 us.
 ROWS = dict(form="rows", hmode="fp32", hw_encode=True, fast_div=True, rope_split=True, block_r=64, num_warps=4)
-# v4: split-tree form, 8 pieces of 16, one row per thread: 51.3 us = 0.47 of the floor on the
-# H200 (2026-11-29; token-major quarters 75.4, rows 77.4). v3.2: token-major quarters.
-CONFIG = dict(ROWS, form="tree", tok=1, pieces=8, num_warps=2, freq=2)
-CONFIG_V32 = dict(ROWS, form="tok", tok=1, pieces=4, rope_split=False)   # 31.4 us = 0.77 of the floor
+# v4: token-major quarters with the Hadamard across two lanes ("lanes", indexer_q_tok.py), 80 registers:
+# 32.5 us = 0.75 of the floor on the H200 (2026-11-29, session 4; at 96 registers 35.4; the split-tree
+# form, a row per thread, 51.0 = 0.48: ncu shows it L2-bound on half-sector accesses; quarters with an
+# fp32 dot 74.7, rows 77.4). v3.2: token-major quarters, 29.5 us = 0.83.
+CONFIG = dict(ROWS, form="tok", tok=1, pieces=4, hmode="lanes", num_warps=4, maxnreg=80)
+TREE = dict(ROWS, form="tree", tok=1, pieces=8, num_warps=2, freq=2)       # the session-3 CONFIG
+CONFIG_V32 = dict(ROWS, form="tok", tok=1, pieces=4, rope_split=False)
 # Under the interpreter and on non-NVIDIA backends: portable choices.
 PORTABLE = dict(form="rows", hmode="bf16x3", hw_encode=False, fast_div=False, rope_split=True, block_r=None,
                 num_warps=None)
@@ -236,7 +239,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
         from .indexer_q_tok import launch_tok
         launch_tok(q, weight, weight_scale, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8),
                    w_out, fmax, meta, tok=cfg.get("tok", 1), pieces=cfg.get("pieces", 4),
-                   heads=cfg.get("heads", 128), num_warps=cfg.get("num_warps", 4))
+                   heads=cfg.get("heads", 128), num_warps=cfg.get("num_warps", 4), maxnreg=cfg.get("maxnreg"))
         return q_fp8, w_out
     if cfg.get("form", "rows") == "tree":  # split-tree Hadamard, no MMA, see indexer_q_tree.py
         from .indexer_q_tree import launch_tree

@@ -12,6 +12,16 @@ changes is the split of the work, to cut what the row-major kernel spends beside
   per thread, so the 8-point butterfly inside it should stay in registers (HMODE is ignored).
   (A whole-row [R, 128] x [128, 128] dot is 4x the quarters' MMA work -- 3xTF32 at T4096 x H64
   is ~26 GFLOP, ~50 us of tensor-core peak -- so there is no whole-row form.)
+HMODE "lanes" / "lanes2" (PIECES = 4; no MMA): Triton (3.6, sm_90) lays a [R, 32] quarter out as
+16 columns (32 bytes of bf16 in, 16 bytes of codes out) per thread and two threads per row, so
+its codes store as one whole 32-byte sector per row and instruction -- ncu on the H200 showed the
+one-row-per-thread tree form writing half sectors (its 16-byte stores are 16 of a row's 128 code
+bytes), L2 at 75-80 % of its throughput with DRAM at 37 %. H32 = H2 (x) H16 on that layout: H16
+on a thread's 16 columns by the split tree of indexer_q_tree.py (register renames), H2 across
+the row's two threads as a sum over a size-2 axis (one shuffle + add: s = x0 + x1 in both lanes),
+the upper lane then taking x0 - x1 as s - 2 x1 ("lanes": one fma; s's rounding, at most half an
+ulp of s, carries into the difference) or as its own sum of (x0, -x1) ("lanes2": a second shuffle,
+the difference rounded once as in a plain butterfly). 1/sqrt(128) is folded into 1/scale.
 RoPE: v4 rotates interleaved pairs inside the upper pieces (view [R, W/2, 2] and split: the pair
 is in one thread's registers); v3.2 pairs (i, 32 + i) are the same lane of two pieces (quarters
 0/1, or eighths 0/2 and 1/3), so they need no data movement either.
@@ -21,7 +31,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ... import triton_utils
+from ...checks import require
+from ..indexer_q import OP
 from .indexer_q import _h32, _had32, _quant, _rope_pair
+from .indexer_q_tree import _wht16
 
 NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128), applied after the transform as the reference does
 
@@ -30,10 +44,8 @@ NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128), applied after the trans
 def _freqs(f_ptr, pos, FIRST: tl.constexpr, N: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
     """cos, sin of pair indices FIRST .. FIRST+N-1 for the program's TOK tokens (pos [TOK] int64),
     shaped to broadcast over its rows: [1, N] when TOK == 1, else [TOK * HB, N]."""
-    j = FIRST + tl.arange(0, N)
-    fb = (f_ptr + pos * 64)[:, None] + 2 * j[None, :]               # [TOK, N]; (cos, sin) interleaved
-    c = tl.load(fb)
-    s = tl.load(fb + 1)
+    j = 2 * FIRST + tl.arange(0, 2 * N)                             # (cos, sin) interleaved: 16-byte loads
+    c, s = tl.split(tl.reshape(tl.load((f_ptr + pos * 64)[:, None] + j[None, :]), (TOK, N, 2)))
     if TOK > 1:
         c = tl.reshape(tl.broadcast_to(c[:, None, :], (TOK, HB, N)), (TOK * HB, N))
         s = tl.reshape(tl.broadcast_to(s[:, None, :], (TOK, HB, N)), (TOK * HB, N))
@@ -67,6 +79,27 @@ def _h2(a, b):
 @triton.jit
 def _amax(x):
     return tl.max(tl.abs(x), 1)
+
+
+@triton.jit
+def _lane_stage(x, EXACT: tl.constexpr):
+    """Radix-2 stage over axis 1 (size 2) of x [R, 2, W]: (x0 + x1, x0 - x1) along it."""
+    j = tl.arange(0, 2)[None, :, None]
+    s = tl.expand_dims(tl.sum(x, 1), 1)
+    if EXACT:
+        d = tl.expand_dims(tl.sum(tl.where(j == 0, x, -x), 1), 1)
+        y = tl.where(j == 0, s, d)
+    else:
+        y = s - (2 * j).to(tl.float32) * x          # the upper half: s - 2 x1
+    return y
+
+
+@triton.jit
+def _lanes32(v, R: tl.constexpr, EXACT: tl.constexpr):
+    """v [R, 32] times the natural-order 32-point Hadamard: H16 on columns 16l .. 16l + 15 (one
+    thread's registers) by the split tree, then H2 across l (the row's two threads)."""
+    x = tl.reshape(_wht16(tl.reshape(v, (R * 2, 16)), R * 2), (R, 2, 16))
+    return tl.reshape(_lane_stage(x, EXACT), (R, 32))
 
 
 @triton.jit
@@ -120,14 +153,31 @@ def _body4(base, out, m2, f_ptr, pos, h_ptr, fmax, V4: tl.constexpr, HADAMARD: t
         x1, x3 = _h2(x1, x3)
         x0, x1 = _h2(x0, x1)
         x2, x3 = _h2(x2, x3)
-        x0 = _had32(x0, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-        x1 = _had32(x1, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-        x2 = _had32(x2, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-        x3 = _had32(x3, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+        if HMODE >= 4:   # NORM is folded into the scale below
+            x0 = _lanes32(x0, R, HMODE == 5)
+            x1 = _lanes32(x1, R, HMODE == 5)
+            x2 = _lanes32(x2, R, HMODE == 5)
+            x3 = _lanes32(x3, R, HMODE == 5)
+        else:
+            x0 = _had32(x0, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+            x1 = _had32(x1, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+            x2 = _had32(x2, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
+            x3 = _had32(x3, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
     amax = tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3)))
+    FOLD: tl.constexpr = HADAMARD and HMODE >= 4
+    if FOLD:   # rounding is monotonic: max |round(x * NORM)| = round(max |x| * NORM), the reference's amax
+        amax = amax * NORM
     scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
     sc = scale[:, None]
     inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
+    if FOLD:
+        if FAST_DIV:   # x * (NORM / scale): one multiply per value
+            inv = inv * NORM
+        else:
+            x0 = x0 * NORM
+            x1 = x1 * NORM
+            x2 = x2 * NORM
+            x3 = x3 * NORM
     _st(out, 0, 32, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
     _st(out, 1, 32, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
     _st(out, 2, 32, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
@@ -309,14 +359,20 @@ def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
 
 
 def launch_tok(q, weight, weight_scale, freqs_real, positions, q_u8, w_out, fmax, meta,
-               tok=1, pieces=4, heads=128, num_warps=4):
+               tok=1, pieces=4, heads=128, num_warps=4, maxnreg=None):
     """Grid: (token blocks, head blocks). tok and the head block are rounded to powers of two and
-    grown to >= 16 rows per program (tl.dot's minimum)."""
+    grown to >= 16 rows per program (tl.dot's minimum). maxnreg (NVIDIA only): a cap on registers
+    per thread, for more resident warps (lanes at 96 -> 80 registers: 5 -> 6 programs per SM on the
+    H200, 35.4 -> 32.5 us; 72 spills and is slower). A grid-stride loop over token blocks with
+    Triton's cp.async pipelining (2-3 stages, 3-6 programs per SM) measured 37-44 us: not kept."""
+    require(pieces == 4 or meta["HMODE"] < 4, OP, f"tok form: hmode lanes / lanes2 need pieces=4, got {pieces}")
     B, H, _ = q.shape
     hb = min(triton.next_power_of_2(H), heads)
     tok = triton.next_power_of_2(max(tok, triton.cdiv(16, hb)))
     grid = (triton.cdiv(B, tok), triton.cdiv(H, hb))
     extra = {"num_warps": num_warps} if num_warps else {}
+    if maxnreg and triton_utils.nvidia(q.device):
+        extra["maxnreg"] = maxnreg
     _indexer_q_tok_kernel[grid](
         q, weight, freqs_real, positions, _h32(q.device, 128 // pieces), q_u8, w_out,
         B, H, q.stride(0), q.stride(1), weight.stride(0), weight.stride(1), float(weight_scale), fmax,

@@ -1,0 +1,62 @@
+"""Launch each indexer kernel variant of interest a few times, for a hardware-counter profile:
+    ncu --clock-control none --section SpeedOfLight ... -k regex:'indexer|logits' \
+        python bench/ncu_indexer.py
+(ncu's clock control off, as bench/METHOD says: the clocks stay as the timings saw them.)
+Every variant is checked against the reference once (the parity compare) before it is profiled.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from kernelgate import registry
+from kernelgate.ops import _fp8
+from kernelgate.testing import assert_close
+from kernelgate.ops.triton import indexer_logits as kl
+from kernelgate.ops.triton import indexer_q as kq
+
+Q = {   # name -> (variant, launch overrides)
+    "q-v4-CONFIG": ("v4", {}),
+    "q-v4-lanes": ("v4", dict(form="tok", tok=1, pieces=4, num_warps=4, hmode="lanes")),
+    "q-v4-lanes-tok2-w8": ("v4", dict(form="tok", tok=2, pieces=4, num_warps=8, hmode="lanes")),
+    "q-v32-CONFIG": ("v32", {}),
+}
+LOGITS = {"logits-CONFIG": {}}
+
+
+def main(names):
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    qop = registry.get("fused_q_indexer_rope_hadamard_quant")
+    for case in qop.bench_cases():
+        args, kw = case.make(dev, torch.bfloat16, gen)
+        for name, (variant, cfg) in Q.items():
+            if kw.get("variant", "v4") != variant or (names and name not in names):
+                continue
+            ref = qop.reference(*args, **kw)
+            out = kq.launch(*args, **kw, **cfg)
+            _fp8.assert_fp8_close(out[0], ref[0])
+            assert_close(out[1], ref[1], 1e-5)
+            for _ in range(2):
+                kq.launch(*args, **kw, **cfg)
+            torch.cuda.synchronize()
+            print(name, case.id, "checked", flush=True)
+    lop = registry.get("fp8_paged_mqa_logits")
+    for case in lop.bench_cases()[:2]:
+        args, kw = case.make(dev, case.dtypes[0], gen)
+        for name, cfg in LOGITS.items():
+            if names and name not in names:
+                continue
+            ref = lop.reference(*args, **kw)
+            out = kl.launch(*args, **cfg)
+            assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
+            assert_close(out, ref, lop.rtol[case.dtypes[0]])
+            for _ in range(2):
+                kl.launch(*args, **cfg)
+            torch.cuda.synchronize()
+            print(name, case.id, "checked", flush=True)
+
+
+if __name__ == "__main__":
+    main(set(sys.argv[1:]))
