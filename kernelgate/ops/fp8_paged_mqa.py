@@ -77,7 +77,8 @@ def indexer_k_quant_and_cache_native(k, kv_cache, slot_mapping, block_size, fp8_
     d = torch.arange(HEAD_DIM, device=k.device)
     kv[blk[:, None], off[:, None] * HEAD_DIM + d] = codes.view(torch.uint8)
     b4 = torch.arange(4, device=k.device)
-    kv[blk[:, None], block_size * HEAD_DIM + off[:, None] * 4 + b4] = scale.contiguous().view(torch.uint8)
+    # the scales' bytes via a 1-D view: [n, 1] may carry any stride on its unit dim (torch.compile's does)
+    kv[blk[:, None], block_size * HEAD_DIM + off[:, None] * 4 + b4] = scale.reshape(-1).view(torch.uint8).view(-1, 4)
 
 
 def validate_store(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):

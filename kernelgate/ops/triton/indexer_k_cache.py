@@ -6,17 +6,18 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import triton_utils
 from ...checks import require
 from .. import _fp8
 from ..fp8_paged_mqa import OP_STORE, cache_blocks
-from .indexer_fp8 import encode_e4m3
+from .indexer_q import _quant
 
 BLOCK_T = 16
 
 
 @triton.jit
 def _k_store_kernel(k_ptr, slot_ptr, kv_ptr, kvs_ptr, T, s_k, block_size, blk_bytes, fmax,
-                    FNUZ: tl.constexpr, BLOCK_T: tl.constexpr):
+                    FNUZ: tl.constexpr, BLOCK_T: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.constexpr):
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
     keep = slot >= 0                                             # slot < 0: padding, skip
@@ -24,10 +25,11 @@ def _k_store_kernel(k_ptr, slot_ptr, kv_ptr, kvs_ptr, T, s_k, block_size, blk_by
     x = tl.load(k_ptr + tok.to(tl.int64)[:, None] * s_k + d[None, :], mask=keep[:, None], other=0.0)
     x = x.to(tl.float32)
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-4), fmax)          # [BLOCK_T]
-    y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -fmax), fmax)
+    sc = scale[:, None]
+    inv = tl.math.div_rn(tl.full((BLOCK_T, 1), 1.0, tl.float32), sc)
     blk = slot // block_size
     off = slot % block_size
-    tl.store(kv_ptr + (blk * blk_bytes + off * 128)[:, None] + d[None, :], encode_e4m3(y, FNUZ),
+    tl.store(kv_ptr + (blk * blk_bytes + off * 128)[:, None] + d[None, :], _quant(x, inv, sc, fmax, FNUZ, HW, FAST_DIV),
              mask=keep[:, None])
     # the scales sit after the block's block_size * 128 code bytes; kvs_ptr is the fp32 view
     tl.store(kvs_ptr + blk * (blk_bytes // 4) + block_size * 32 + off, scale, mask=keep)
@@ -40,8 +42,12 @@ def indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, block_size, fp8_
         return None
     kv = cache_blocks(kv_cache)
     _, fmax = _fp8.FORMATS[fp8_format]
+    # as the q kernel on NVIDIA GPUs: x * (1 / scale) (within one code of x / scale, the parity bound) and
+    # the hardware e4m3fn encode where there is one; elsewhere the exact division and integer encoder
+    fast = triton_utils.nvidia(k.device)
     _k_store_kernel[(triton.cdiv(T, BLOCK_T),)](
         k, slot_mapping, kv, kv.view(torch.float32), T, k.stride(0), block_size, kv.shape[1], fmax,
-        FNUZ=fp8_format == "e4m3fnuz", BLOCK_T=BLOCK_T, num_warps=4)
+        FNUZ=fp8_format == "e4m3fnuz", BLOCK_T=BLOCK_T, num_warps=4,
+        HW=fast and fp8_format == "e4m3fn" and triton_utils.fp8_hardware(), FAST_DIV=fast)
     return None
 
