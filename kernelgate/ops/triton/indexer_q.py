@@ -16,6 +16,8 @@ dims each ([BLOCK_R, 32] tiles). Splitting by quarters makes both steps local:
       not enough: measured 1e-3 of the codes one apart, some two apart, and weights_out
       1.5e-5 off, because amax and small values near fp8 subnormals inherit the error.)
     3 "butterfly": five fp32 butterfly stages via reshape/permute/split/join (no MMA)
+    4 "lanes", 5 "lanes2" (token-major quarters only, indexer_q_tok.py; the NVIDIA CONFIG for v4):
+      H2 across the two threads that hold a quarter row x H16 inside each thread (no MMA)
   Under the interpreter (bf16 tl.dot is wrong there) the bf16 mode runs its parts
   through fp32 dots (DOT_F32), which is the same arithmetic, so CPU tests check their error.
 - FP8 encode: integer RNE encoder (exact everywhere, the only option for e4m3fnuz and under
