@@ -39,7 +39,7 @@ class Impl:
     op: "Op"
     name: str
     provider: str
-    fn: Callable | str                 # callable, or "module:attr" imported on first use
+    fn: Callable | str                 # callable, or ".module:attr" beside the op's file, imported on first use
     platforms: frozenset
     dtypes: frozenset | None = None    # accepted dtypes of the op's dtype argument; None = any
     requires: tuple = ()               # "triton", "triton-compiled", or a library in platform.LIBRARIES
@@ -58,7 +58,7 @@ class Impl:
             else:
                 module, _, attr = self.fn.partition(":")
                 try:
-                    self._resolved = getattr(importlib.import_module(module), attr)
+                    self._resolved = getattr(importlib.import_module(module, self.op.package), attr)
                 except Exception as e:  # noqa: BLE001 - a broken optional module is a reason
                     self._resolve_error = f"{module} does not import ({type(e).__name__}: {e})"
         return self._resolved
@@ -132,6 +132,8 @@ class Op:
         self.reference = reference
         self.signature = inspect.signature(reference)
         self.params = list(self.signature.parameters)
+        # relative implementation references (".gated_rms_norm_triton:fn") resolve from here
+        self.package = reference.__module__.rpartition(".")[0]
         self.validate = validate
         self.dtype_arg = dtype_arg or self.params[0]
         self._dtype_pos = self.params.index(self.dtype_arg)

@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    if not _m.name.startswith("_") and not _m.ispkg:
+    if not _m.name.startswith("_") and _m.name != "triton":
         importlib.import_module(f"{__name__}.{_m.name}")
 
 # Importing `ops/gated_rms_norm.py` binds the *module* as `ops.gated_rms_norm`, which would
