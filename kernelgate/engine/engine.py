@@ -29,7 +29,10 @@ class RequestOutput:
 
 class Engine:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 4096,
-                 max_num_batched_tokens: int = 8192, graphs: bool = True):
+                 max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9,
+                 block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True):
+        """The knobs have vLLM's names and meanings: sequences in flight, longest prompt + output,
+        tokens per step, share of device memory to use, MLA cache block size and a pinned count."""
         self.model = model
         self.scheduler = Scheduler(model, max_slots=max_num_seqs, max_len=max_model_len,
                                    max_prefill_tokens=max_num_batched_tokens, graphs=graphs)
@@ -69,6 +72,12 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    @property
+    def cache_usage(self) -> float:
+        """Share of the cache (state slots / latent blocks) in use, 0..1."""
+        pool = self.scheduler.pool
+        return 1.0 - pool.free_slots / pool.num_slots
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; an output for every request that gained tokens or finished."""
