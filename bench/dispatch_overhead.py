@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from kernelgate import ops, platform, registry
-    from kernelgate.ops.gated_rms_norm import gated_rms_norm_native
+    from kernelgate.ops.norm.gated_rms_norm import gated_rms_norm_native
 
     device = platform.default_device()
     if device.type != "cpu":

@@ -25,8 +25,8 @@ def main() -> int:
     import triton.testing
 
     from kernelgate import benchmark
-    from kernelgate.ops.gated_rms_norm import gated_rms_norm_native
-    from kernelgate.ops.triton import gated_rms_norm as k
+    from kernelgate.ops.norm.gated_rms_norm import gated_rms_norm_native
+    import kernelgate.ops.norm.gated_rms_norm_triton as k
     from kernelgate.testing import rel_err
 
     device = torch.accelerator.current_accelerator()

@@ -18,8 +18,8 @@ import time
 import torch
 
 from kernelgate import registry
-from kernelgate.ops import _fp8
-from kernelgate.ops.triton import indexer_q as kq
+from kernelgate.ops.common import fp8 as _fp8
+import kernelgate.ops.indexer.indexer_q_triton as kq
 from sweep_table import row, start, time_us
 
 DEADLINE_S = 90.0  # later rows print 'skipped (time)'
@@ -94,7 +94,7 @@ def main():
     got = start(f"q CONFIG v4 {kq.CONFIG}, v3.2 {kq.CONFIG_V32}")
     if got:
         sweep_q(*got)
-        from kernelgate.ops.triton import indexer_q_tok
+        import kernelgate.ops.indexer.indexer_q_tok_triton
         print("tok-form binaries (num_warps, maxnreg, registers, spills):",
               sorted(compiled_regs(indexer_q_tok._indexer_q_tok_kernel), key=str))
         print(f"total {time.time() - T0:.0f} s")

@@ -93,7 +93,7 @@ def cuda_main(prefill_only: bool = False):
         floor = 2 * N * H * K * V * 4 / (bw * 1e9) * 1e6
         print(f"| {N} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {p * 1e3:.1f} | {floor:.1f} | {floor / (p * 1e3):.2f} |")
 
-    from kernelgate.ops.kda_prefill import make_inputs
+    from kernelgate.ops.kda.kda_prefill import make_inputs
     print("\n| prefill | registry kda_prefill (fla) ms | same + host hints ms | fla chunk_kda ms | ratio (hints) "
           "| device (graph): ours + hints ms | fla ms | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for lens in ([8192], [2048] * 4):
@@ -129,7 +129,7 @@ def cuda_main(prefill_only: bool = False):
 def per_token_loop(q, k, v, g, beta, S, scale):
     """The recurrence one token at a time, vectorised over heads (what the chunked form
     replaces): gates precomputed, the state [H, K, V] updated in place (no per-token allocs)."""
-    from kernelgate.ops.kda_prefill import l2norm
+    from kernelgate.ops.kda.kda_prefill import l2norm
     q, k = l2norm(q.float()) * scale, l2norm(k.float())
     decay = g.float().exp()[..., None]                                      # [T, H, K, 1]
     bk, bv = beta.float()[..., None] * k, beta.float()[..., None] * v.float()
@@ -146,7 +146,7 @@ def per_token_loop(q, k, v, g, beta, S, scale):
 def naive_token_loop(q, k, v, g, beta, S, scale):
     """The same loop written without care (out-of-place, allocates ~3 states per token):
     the baseline earlier versions of this script compared against."""
-    from kernelgate.ops.kda_prefill import l2norm
+    from kernelgate.ops.kda.kda_prefill import l2norm
     q, k = l2norm(q.float()) * scale, l2norm(k.float())
     o = torch.empty(v.shape, dtype=torch.float32)
     for t in range(q.shape[0]):
@@ -158,7 +158,7 @@ def naive_token_loop(q, k, v, g, beta, S, scale):
 
 
 def cpu_main(T=2048, heads=H):
-    from kernelgate.ops.kda_prefill import kda_chunked, make_inputs
+    from kernelgate.ops.kda.kda_prefill import kda_chunked, make_inputs
     from kernelgate.testing import rel_err
     q, k, v, g, beta, state, _, _ = make_inputs([T], [0], heads, K, V, "cpu", torch.float32,
                                                 torch.Generator().manual_seed(0))

@@ -59,7 +59,7 @@ def _check(run, args, ref, rtol):
 
 
 def sweep(dev, bw):
-    from kernelgate.ops.triton import indexer_logits as kl
+    import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
     op = registry.get(OP)
     variants = VARIANTS
     cases = op.bench_cases()
@@ -97,7 +97,7 @@ def sweep(dev, bw):
 
 
 def main():
-    from kernelgate.ops.triton import indexer_logits as kl
+    import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
     got = start(f"logits CONFIG {kl.CONFIG}")
     if got:
         sweep(*got)

@@ -57,8 +57,8 @@ def main() -> int:
     if device.type != "cuda" or platform.interpreting():
         print("moe_align bench: needs a CUDA/ROCm GPU with compiled Triton (TRITON_INTERPRET unset)")
         return 0
-    from kernelgate.ops.triton.fused_experts import block_m_for
-    from kernelgate.ops.triton.moe_align import default_chunk, moe_align
+    from kernelgate.ops.moe.fused_experts_triton import block_m_for
+    from kernelgate.ops.moe.moe_align_triton import default_chunk, moe_align
 
     print(f"{platform.current().device_name}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"{'P':>7} {'E':>4} {'bm':>3} {'chunk':>6} {'launches':>8} {'graph_us':>9} {'us':>9}  check")

@@ -33,13 +33,13 @@ def main() -> int:
 
     from kernelgate import alloc, platform, registry
     from kernelgate.benchmark import graph_us
-    from kernelgate.ops.moe_routing import biased_grouped_topk_native
+    from kernelgate.ops.moe.moe_routing import biased_grouped_topk_native
 
     device = platform.default_device()
     if device.type != "cuda" or platform.interpreting():
         print("moe_routing bench: needs a CUDA/ROCm GPU with compiled Triton (TRITON_INTERPRET unset)")
         return 0
-    from kernelgate.ops.triton import moe_routing as tri
+    import kernelgate.ops.moe.moe_routing_triton as tri
 
     op = registry.get("biased_grouped_topk")
     plat = platform.current()

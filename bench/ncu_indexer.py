@@ -11,10 +11,10 @@ import sys
 import torch
 
 from kernelgate import registry
-from kernelgate.ops import _fp8
+from kernelgate.ops.common import fp8 as _fp8
 from kernelgate.testing import assert_close
-from kernelgate.ops.triton import indexer_logits as kl
-from kernelgate.ops.triton import indexer_q as kq
+import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
+import kernelgate.ops.indexer.indexer_q_triton as kq
 
 Q = {   # name -> (variant, launch overrides)
     "q-v4-CONFIG": ("v4", {}),

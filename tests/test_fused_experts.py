@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, platform, registry
-from kernelgate.ops.fused_experts import make_inputs
+from kernelgate.ops.moe.fused_experts import make_inputs
 from kernelgate.testing import assert_close
 
 OP = registry.get("fused_experts")
@@ -145,7 +145,7 @@ triton_here = pytest.mark.skipif(platform.current().triton is not None,
                          ids=["T1-k8-E256-BM16", "T33-k4-E6-BM16", "T70-k2-E3-BM64", "T5-k8-E384-BM32"])
 def test_moe_align_is_a_padded_permutation(T, k, E, block_m):
     from kernelgate import alloc
-    from kernelgate.ops.triton.moe_align import moe_align
+    from kernelgate.ops.moe.moe_align_triton import moe_align
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(-2, E + 2, (T, k), generator=g, dtype=torch.int32)
     with alloc.poisoned():

@@ -147,7 +147,7 @@ def test_matches_fla_rms_norm_ref(impl, nbg, G, bias):
     (dict(D=40000), "row of 40000 x 2 bytes exceeds fla's 64 KB per-row block"),
 ], ids=["nogate", "groups", "gate-first", "residual-fp32", "wide-row"])
 def test_fla_supports_names_each_mismatch(change, reason):
-    from kernelgate.ops.gated_rms_norm import _fla_supports
+    from kernelgate.ops.norm.gated_rms_norm import _fla_supports
     D = change.pop("D", 64)
     x = torch.ones(2, D, dtype=torch.bfloat16, device="meta")
     kw = {"gate": x, **change}
@@ -157,7 +157,7 @@ def test_fla_supports_names_each_mismatch(change, reason):
 
 
 def test_fla_supports_its_contract():
-    from kernelgate.ops.gated_rms_norm import _fla_supports
+    from kernelgate.ops.norm.gated_rms_norm import _fla_supports
     x, w = torch.ones(2, 64, dtype=torch.bfloat16, device="meta"), torch.ones(64, device="meta")
     # Whole-row norm then gate, either activation, bias, residual, prenorm, fp32 residual stream.
     assert _fla_supports(x, w, x, 1e-6, None, True, "silu", bias=w, residual=x, prenorm=True) is None
@@ -188,7 +188,7 @@ def test_layouts(layout):
 
 def test_wide_grouped_rows_use_the_loop_kernel():
     # Groups wider than one register block (8192) take the two-pass kernel.
-    from kernelgate.ops.triton.gated_rms_norm import MAX_BLOCK_N, config
+    from kernelgate.ops.norm.gated_rms_norm_triton import MAX_BLOCK_N, config
     G = MAX_BLOCK_N + 100
     assert config(4, G)["kernel"] == "loop" and config(4, 128)["kernel"] == "block"
     x, g, w = randn(2, 2 * G, seed=26), randn(2, 2 * G, seed=27), randn(2 * G, seed=28)

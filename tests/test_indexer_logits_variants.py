@@ -12,7 +12,7 @@ import torch
 from kernelgate import alloc, platform
 
 pytest.importorskip("triton")
-from kernelgate.ops.triton import indexer_logits as kl  # noqa: E402
+import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl  # noqa: E402
 
 E4M3, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 GPU = torch.cuda.is_available() and not platform.interpreting()

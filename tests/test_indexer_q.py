@@ -8,7 +8,7 @@ import torch
 
 from kernelgate import KernelgateError, platform, registry
 from impls import poisoned_impl
-from kernelgate.ops.indexer_q import precompute_freqs_cis
+from kernelgate.ops.indexer.indexer_q import precompute_freqs_cis
 
 OP = "fused_q_indexer_rope_hadamard_quant"
 FMAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}

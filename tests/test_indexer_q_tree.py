@@ -1,4 +1,4 @@
-"""The indexer q kernel's split-tree form (kernelgate.ops.triton.indexer_q_tree, launch(form="tree"))
+"""The indexer q kernel's split-tree form (kernelgate.ops.indexer.indexer_q_tree_triton, launch(form="tree"))
 against the op's native reference with the op's own parity compare, and its 128-point Hadamard
 against hand-built one-hot cases (the Sylvester column, known exactly) for every piece width
 (8 pieces of 16, 4 of 32, 2 of 64).
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, platform
-from kernelgate.ops.indexer_q import precompute_freqs_cis
+from kernelgate.ops.indexer.indexer_q import precompute_freqs_cis
 
-kq = pytest.importorskip("kernelgate.ops.triton.indexer_q")
+kq = pytest.importorskip("kernelgate.ops.indexer.indexer_q_triton")
 from test_indexer_q_variants import check_form  # noqa: E402
 pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 

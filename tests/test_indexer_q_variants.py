@@ -1,4 +1,4 @@
-"""The indexer q kernel's launch forms (kernelgate.ops.triton.indexer_q CONFIG keys), each against
+"""The indexer q kernel's launch forms (kernelgate.ops.indexer.indexer_q_triton CONFIG keys), each against
 the op's native reference with the op's own parity compare, and the 128-point Hadamard of every
 piece layout against a hand-built one-hot case (the Sylvester column, known exactly).
 
@@ -12,10 +12,10 @@ import torch
 
 from kernelgate import alloc, platform
 from kernelgate.platform import KernelgateError
-from kernelgate.ops import _fp8
-from kernelgate.ops.indexer_q import _case, compare, indexer_q_native, precompute_freqs_cis
+from kernelgate.ops.common import fp8 as _fp8
+from kernelgate.ops.indexer.indexer_q import _case, compare, indexer_q_native, precompute_freqs_cis
 
-kq = pytest.importorskip("kernelgate.ops.triton.indexer_q")
+kq = pytest.importorskip("kernelgate.ops.indexer.indexer_q_triton")
 pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 
 FORMS = {   # id -> launch overrides

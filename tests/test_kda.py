@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelgate import KernelgateError, platform, registry
-from kernelgate.ops.kda_prefill import make_inputs
+from kernelgate.ops.kda.kda_prefill import make_inputs
 from kernelgate.testing import rel_err
 
 from kda_refs import call, fla_gate, fla_naive, hf, need, runnable, tol

@@ -15,8 +15,8 @@ from fla.ops.kda.naive import naive_recurrent_kda  # noqa: E402
 
 from kernelgate import KernelgateError, ops, registry  # noqa: E402
 from kernelgate.engine import StepBatch  # noqa: E402
-from kernelgate.ops.kda_fla import chunk_prefill  # noqa: E402
-from kernelgate.ops.kda_prefill import host_hints, kda_prefill_native, make_inputs  # noqa: E402
+from kernelgate.ops.kda.kda_fla import chunk_prefill  # noqa: E402
+from kernelgate.ops.kda.kda_prefill import host_hints, kda_prefill_native, make_inputs  # noqa: E402
 
 H, K, V = 2, 16, 8
 HOST_READS = (torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__bool__,
@@ -177,7 +177,7 @@ def test_long_metadata_is_memoized_by_identity():
     """fla caches chunk indices by argument identity: repeated calls must pass the same int64
     object (also for inference tensors, which have no version counter -- the model runs in
     inference mode)."""
-    from kernelgate.ops.kda_fla import _long
+    from kernelgate.ops.kda.kda_fla import _long
     with torch.inference_mode():
         cu = torch.tensor([0, 3, 7], dtype=torch.int32)
         a, b = _long(cu), _long(cu)

@@ -62,7 +62,7 @@ def _check_contract(pairs, block_expert, ids, E, block_m):
 
 
 def _run(ids, E, block_m, chunk=None):
-    from kernelgate.ops.triton.moe_align import max_blocks, moe_align
+    from kernelgate.ops.moe.moe_align_triton import max_blocks, moe_align
     with alloc.poisoned():
         pairs, block_expert = moe_align(ids, E, block_m, chunk=chunk)
     nb = max_blocks(ids.numel(), E, block_m)
@@ -121,6 +121,6 @@ def test_deterministic_across_calls_and_chunks():
 
 
 def test_bad_chunk_raises():
-    from kernelgate.ops.triton.moe_align import moe_align
+    from kernelgate.ops.moe.moe_align_triton import moe_align
     with pytest.raises(KernelgateError, match="moe_align: chunk 24 must be a power of two"):
         moe_align(torch.zeros(4, 2, dtype=torch.int32), 4, 16, chunk=24)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, forcing, platform, registry
-from kernelgate.ops import moe_routing
+from kernelgate.ops.moe import moe_routing
 
 OP = "biased_grouped_topk"
 

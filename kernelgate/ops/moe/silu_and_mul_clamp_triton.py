@@ -6,7 +6,8 @@ import triton.language as tl
 
 from ... import alloc
 from ...checks import require
-from ..silu_and_mul_clamp import OP
+
+OP = "silu_and_mul_clamp"
 
 BLOCK = 1024
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..registry import GPU_TRITON, Case, declare
-from .kda_prefill import validate_host_hint
+from ... import checks
+from ...registry import GPU_TRITON, Case, declare
+from ..common.varlen import INDEX, validate_host_hint
 
 ACTIVATIONS = ("silu", "swish", None)
-INDEX = (torch.int32, torch.int64)
 
 
 def _conv(ctx, xs, weight, bias, activation):
@@ -149,12 +148,12 @@ def update_bench_cases():
 short_conv = declare("short_conv", short_conv_native, validate=validate_short_conv, cases=conv_cases,
                      mutates=("conv_state",))
 
-short_conv.implementation("triton", "kernelgate.ops.triton.short_conv:short_conv", provider="triton",
+short_conv.implementation("triton", ".short_conv_triton:short_conv", provider="triton",
                           platforms=GPU_TRITON, requires=("triton",), priority=10,
                           doc="portable Triton varlen conv; context read from / written to the slot pool")
 
 short_conv_update = declare("short_conv_update", short_conv_update_native, validate=validate_update,
                             cases=update_cases, bench_cases=update_bench_cases, mutates=("conv_state",))
-short_conv_update.implementation("triton", "kernelgate.ops.triton.short_conv:short_conv_update",
+short_conv_update.implementation("triton", ".short_conv_triton:short_conv_update",
                                  provider="triton", platforms=GPU_TRITON, requires=("triton",), priority=10,
                                  doc="portable Triton single-token conv update in the slot pool")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..registry import Case, declare
+from ... import checks
+from ...registry import Case, declare
 
 OP = "kda_gate"
 

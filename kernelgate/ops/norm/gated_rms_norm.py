@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks, platform
-from ..registry import GPU_TRITON, Case, declare
+from ... import checks, platform
+from ...registry import GPU_TRITON, Case, declare
 
 ACTIVATIONS = ("sigmoid", "silu", "swish")
 OP = "gated_rms_norm"
@@ -137,7 +137,7 @@ def _compiled_needs_gpu(x, *args, **kwargs):
 
 
 gated_rms_norm.implementation(
-    "triton", "kernelgate.ops.triton.gated_rms_norm:gated_rms_norm_triton", provider="triton",
+    "triton", ".gated_rms_norm_triton:gated_rms_norm_triton", provider="triton",
     platforms=GPU_TRITON, dtypes=checks.FLOATS, requires=("triton",), supports=_compiled_needs_gpu,
     priority=10, doc="portable Triton kernel, full contract (groups, both gate orders, prenorm)")
 

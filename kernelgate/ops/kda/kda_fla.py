@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import alloc
+from ... import alloc
 
 
 def _kept(slots, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None):

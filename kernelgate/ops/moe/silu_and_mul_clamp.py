@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..registry import GPU_TRITON, Case, declare
+from ... import checks
+from ...registry import GPU_TRITON, Case, declare
 
 OP = "silu_and_mul_clamp"
 
@@ -60,5 +60,5 @@ def bench_cases():
 silu_and_mul_clamp = declare(OP, silu_and_mul_clamp_native, validate=validate, cases=cases,
                              bench_cases=bench_cases)
 silu_and_mul_clamp.implementation(
-    "triton", "kernelgate.ops.triton.silu_and_mul_clamp:silu_and_mul_clamp_triton", provider="triton",
+    "triton", ".silu_and_mul_clamp_triton:silu_and_mul_clamp_triton", provider="triton",
     platforms=GPU_TRITON, requires=("triton",), priority=10, doc="one elementwise pass, fp32 math")

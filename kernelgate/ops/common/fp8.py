@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import checks
+from ... import checks
 
 FORMATS = {
     "e4m3fn": (torch.float8_e4m3fn, 448.0),

@@ -1,5 +1,5 @@
 """Triton kernel: quantize indexer keys per token to fp8 and write them into the paged cache
-(layout in kernelgate/ops/fp8_paged_mqa.py). One program per BLOCK_T tokens."""
+(layout in k_cache.py). One program per BLOCK_T tokens."""
 from __future__ import annotations
 
 import torch
@@ -8,9 +8,11 @@ import triton.language as tl
 
 from ... import triton_utils
 from ...checks import require
-from .. import _fp8
-from ..fp8_paged_mqa import OP_STORE, cache_blocks
-from .indexer_q import _quant
+from ..common import fp8 as _fp8
+from .k_cache import cache_blocks
+
+OP_STORE = "indexer_k_quant_and_cache"
+from .indexer_q_triton import _quant
 
 BLOCK_T = 16
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import checks
-from ..registry import ALL_PLATFORMS, GPU_TRITON, Case, declare
+from ... import checks
+from ...registry import ALL_PLATFORMS, GPU_TRITON, Case, declare
 from .kda_gate import kda_gate_native
 from .kda_prefill import INDEX, l2norm
+from .state_layout import layout_reason
 
 OP, PACKED = "kda_decode", "kda_packed_decode"
 
@@ -62,17 +63,6 @@ def kda_packed_decode_chain(qkv, f, b, A_log, dt_bias, state, slots, num_heads, 
     q, k, v = unpack(qkv, num_heads, head_k_dim)
     g = kda_gate(f, A_log, dt_bias, lower_bound)
     return kda_decode(q, k, v, g, torch.sigmoid(b.float()), state, slots, scale, True)
-
-
-# -- layout the Triton kernel addresses ------------------------------------------------------
-def layout_reason(state, *tensors) -> str | None:
-    """Rows may be strided (views into a packed buffer); heads and channels must be dense."""
-    if not state.is_contiguous():
-        return "state pool is not contiguous"
-    for name, t, inner in tensors:
-        if t is not None and (t.stride(-1) != 1 or (t.dim() == 3 and t.stride(1) != inner)):
-            return f"{name} has a non-dense inner layout (strides {tuple(t.stride())})"
-    return None
 
 
 def _triton_decode_ok(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
@@ -184,14 +174,14 @@ kda_decode = declare(OP, kda_decode_native, validate=validate, cases=decode_case
 
 kda_packed_decode = declare(PACKED, kda_packed_decode_native, validate=validate_packed, cases=packed_cases,
                             bench_cases=packed_bench_cases, mutates=("state",))
-kda_decode.implementation("triton", "kernelgate.ops.triton.kda_decode:kda_decode", provider="triton",
+kda_decode.implementation("triton", ".kda_decode_triton:kda_decode", provider="triton",
                           platforms=GPU_TRITON, requires=("triton",), supports=_triton_decode_ok, priority=10,
                           doc="portable Triton step, grid (sequence, head, V-block), state updated in place")
-kda_decode.implementation("fla", "kernelgate.ops.kda_fla:fused_recurrent_decode", provider="fla",
+kda_decode.implementation("fla", ".kda_fla:fused_recurrent_decode", provider="fla",
                           platforms=GPU_TRITON, requires=("fla", "triton-compiled"), priority=5,
                           doc="fla fused_recurrent_kda on the gathered valid slots")
 
-kda_packed_decode.implementation("triton", "kernelgate.ops.triton.kda_decode:kda_packed_decode", provider="triton",
+kda_packed_decode.implementation("triton", ".kda_decode_triton:kda_packed_decode", provider="triton",
                                  platforms=GPU_TRITON, requires=("triton",), supports=_triton_packed_ok,
                                  priority=10, doc="one fused Triton kernel: gate, beta, L2 norm, update, output")
 kda_packed_decode.implementation("chain", kda_packed_decode_chain, provider="native", platforms=ALL_PLATFORMS,

@@ -28,22 +28,15 @@ import math
 
 import torch
 
-from .. import checks
-from ..registry import GPU_TRITON, Case, declare
-from . import _fp8
+from ... import checks
+from ...registry import GPU_TRITON, Case, declare
+from ..common import fp8 as _fp8
+from .hadamard import sylvester_hadamard
 
 OP = "fused_q_indexer_rope_hadamard_quant"
 HEAD_DIM = 128
 ROPE_DIM = 64
 VARIANTS = ("v4", "v32")
-
-
-def sylvester_hadamard(n: int, device=None) -> torch.Tensor:
-    """Unnormalised Sylvester Hadamard matrix: H[i, j] = (-1)^popcount(i & j)."""
-    h = torch.ones(1, 1, device=device)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h
 
 
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor, positions: torch.Tensor, variant: str) -> torch.Tensor:
@@ -95,7 +88,7 @@ def validate(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_fo
 def compare(out, ref, dtype, inputs):
     """q_fp8 by fp8 code (one-code differences allowed on a small fraction, see _fp8);
     weights_out by relative error."""
-    from ..testing import assert_close
+    from ...testing import assert_close
     _fp8.assert_fp8_close(out[0], ref[0])
     assert_close(out[1], ref[1], 1e-5, "weights_out")
 
@@ -156,6 +149,6 @@ fused_q_indexer_rope_hadamard_quant = declare(
     OP, indexer_q_native, validate=validate, cases=cases, bench_cases=bench_cases, compare=compare)
 
 fused_q_indexer_rope_hadamard_quant.implementation(
-    "triton", "kernelgate.ops.triton.indexer_q:indexer_q_triton", provider="triton", platforms=GPU_TRITON,
+    "triton", ".indexer_q_triton:indexer_q_triton", provider="triton", platforms=GPU_TRITON,
     requires=("triton",), priority=10,
     doc="one launch: RoPE, 4-point butterfly + 32-point Hadamard by tl.dot, amax, fp8 encode")

@@ -33,9 +33,9 @@ import triton.language as tl
 
 from ... import triton_utils
 from ...checks import require
-from ..indexer_q import OP
-from .indexer_q import _h32, _had32, _quant, _rope_pair
-from .indexer_q_tree import _wht16
+from .indexer_q_triton import OP
+from .indexer_q_triton import _h32, _had32, _quant, _rope_pair
+from .indexer_q_tree_triton import _wht16
 
 NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128), applied after the transform as the reference does
 

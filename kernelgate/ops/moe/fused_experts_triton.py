@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ... import alloc
 from ...platform import interpreting
-from .moe_align import moe_align
+from .moe_align_triton import moe_align
 
 
 def _configs():

@@ -15,8 +15,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..registry import GPU_TRITON, Case, declare
+from ... import checks
+from ...registry import GPU_TRITON, Case, declare
 
 OP = "fused_experts"
 ACTIVATIONS = ("silu",)
@@ -210,6 +210,6 @@ fused_experts.implementation(
     doc="torch._grouped_mm grouped GEMM (CUTLASS on sm90; verified on CPU with torch 2.13)")
 
 fused_experts.implementation(
-    "triton", "kernelgate.ops.triton.fused_experts:fused_experts_triton", provider="triton",
+    "triton", ".fused_experts_triton:fused_experts_triton", provider="triton",
     platforms=GPU_TRITON, dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",),
     priority=10, doc="portable Triton grouped GEMM: expert-sorted pairs, gate_up+SwiGLU, down+weight, sum over k")

@@ -33,9 +33,11 @@ import triton.language as tl
 from ... import alloc, triton_utils
 from ...checks import require
 from ...triton_utils import autotune_or_fixed
-from .. import _fp8
-from ..indexer_q import OP, sylvester_hadamard
-from .indexer_fp8 import encode_e4m3
+from ..common import fp8 as _fp8
+from .hadamard import sylvester_hadamard
+
+OP = "fused_q_indexer_rope_hadamard_quant"
+from ..common.fp8_triton import encode_e4m3
 
 BLOCK_R = 64  # rows per program under the interpreter; autotuned on GPUs unless CONFIG pins it
 HMODES = {"fp32": 0, "bf16x3": 2, "butterfly": 3, "lanes": 4, "lanes2": 5}   # 4, 5: tok form only (indexer_q_tok.py)
@@ -244,7 +246,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
                    heads=cfg.get("heads", 128), num_warps=cfg.get("num_warps", 4), maxnreg=cfg.get("maxnreg"))
         return q_fp8, w_out
     if cfg.get("form", "rows") == "tree":  # split-tree Hadamard, no MMA, see indexer_q_tree.py
-        from .indexer_q_tree import launch_tree
+        from .indexer_q_tree_triton import launch_tree
         launch_tree(q, weight, weight_scale, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8),
                     w_out, fmax, meta, tok=cfg.get("tok", 1), pieces=cfg.get("pieces", 8),
                     heads=cfg.get("heads", 128), freq=cfg.get("freq", 0), num_warps=cfg.get("num_warps", 4))

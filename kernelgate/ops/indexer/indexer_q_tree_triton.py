@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from ...checks import require
-from ..indexer_q import OP
-from .indexer_q import _quant, _rope_pair
+from .indexer_q_triton import OP
+from .indexer_q_triton import _quant, _rope_pair
 
 PIECES = (8, 4, 2)
 

@@ -23,8 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..registry import GPU_TRITON, Case, declare
+from ... import checks
+from ...registry import GPU_TRITON, Case, declare
 
 OP = "biased_grouped_topk"
 SCORINGS = ("sigmoid", "softmax", "sqrtsoftplus")
@@ -213,7 +213,7 @@ biased_grouped_topk = declare(OP, biased_grouped_topk_native, validate=validate,
                               bench_cases=bench_cases)
 
 biased_grouped_topk.implementation(
-    "triton", "kernelgate.ops.triton.moe_routing:biased_grouped_topk", provider="triton",
+    "triton", ".moe_routing_triton:biased_grouped_topk", provider="triton",
     platforms=GPU_TRITON, requires=("triton",), priority=10,
     supports=lambda *a, **k: _triton_supports(*a, **k),  # defined below the declarations
     doc="one fused launch: score, bias, group top-2, group and expert selection, weights")

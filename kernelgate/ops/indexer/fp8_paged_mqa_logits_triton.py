@@ -59,9 +59,11 @@ import triton.language as tl
 
 from ... import alloc, platform, triton_utils
 from ...checks import require
-from .. import _fp8
-from ..fp8_paged_mqa import OP_LOGITS, TOKEN_BYTES, cache_blocks
-from .indexer_fp8 import as_fp8
+from ..common import fp8 as _fp8
+from .k_cache import TOKEN_BYTES, cache_blocks
+
+OP_LOGITS = "fp8_paged_mqa_logits"
+from ..common.fp8_triton import as_fp8
 
 OPERANDS = {"fp8": 0, "bf16": 1, "f16": 2, "f16bits": 3, "fp8promote": 4}
 # Launch choices on NVIDIA GPUs (the lead sets the winners of bench/logits_sweep.py here).

@@ -27,14 +27,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..registry import GPU_TRITON, Case, declare
+from ... import checks
+from ...registry import GPU_TRITON, Case, declare
+from ..common.varlen import INDEX, host_hints, validate_host_hint  # noqa: F401
 
 OP = "kda_prefill"
 CHUNK = 64
 GROUP = 4     # chunks whose intra-chunk terms are formed together: a few MB, stays in cache
 SPAN = 30.0   # largest decay span (nats) inside a block whose Gram is one factored matmul
-INDEX = (torch.int32, torch.int64)
 
 
 def l2norm(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -152,14 +152,6 @@ def kda_prefill_native(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, q
     return o
 
 
-def validate_host_hint(op, name, hint, like):
-    """A host copy of the device tensor `like`: CPU, index dtype, same shape (values unchecked)."""
-    if hint is None:
-        return
-    checks.tensor(op, name, hint, shape=tuple(like.shape), dtype=INDEX)
-    checks.require(hint.device.type == "cpu", op, f"{name} must be a CPU tensor (host copy), got {hint.device}")
-
-
 def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
              cu_seqlens_cpu=None, slots_cpu=None):
     checks.tensor(OP, "q", q, ndim=3, dtype=checks.FLOATS)
@@ -194,10 +186,6 @@ def make_inputs(lens, slots, H, K, V, device, dtype, gen, pool=None):
             cu.to(device), sl.to(device))
 
 
-def host_hints(cu_seqlens, slots):
-    """The keyword hints a caller that knows the layout on the host passes (CPU copies)."""
-    return dict(cu_seqlens_cpu=cu_seqlens.cpu(), slots_cpu=slots.cpu())
-
 
 def _case(lens, slots, H=2, K=32, V=32, l2=True, hints=False):
     def make(device, dtype, gen):
@@ -225,7 +213,7 @@ def bench_cases():
 
 kda_prefill = declare(OP, kda_prefill_native, validate=validate, cases=cases, bench_cases=bench_cases,
                       mutates=("state",), rtol={torch.float32: 1e-4, torch.bfloat16: 2e-2})
-kda_prefill.implementation("fla", "kernelgate.ops.kda_fla:chunk_prefill", provider="fla", platforms=GPU_TRITON,
+kda_prefill.implementation("fla", ".kda_fla:chunk_prefill", provider="fla", platforms=GPU_TRITON,
                            requires=("fla", "triton-compiled"), priority=10,
                            # fla's chunk kernels run fp32 inputs through TF32 tensor-core dots
                            # (measured on the H200: 9e-4 .. 7e-3 relative error at fp32)

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ... import alloc
 from ...platform import KernelgateError
-from ..kda import layout_reason
+from .state_layout import layout_reason
 
 
 @triton.jit
