@@ -6,7 +6,7 @@ For bf16 1M x 128 and 65536 x 4096 (x, gate, weight -> y): checks the heuristic 
 against the native reference, then times it, a sweep of (rows per program, num_warps), and
 fla-core's rms_norm_gated, and prints GB/s and the fraction of measured copy bandwidth. If a
 swept config beats the heuristic by more than noise, change `config()` in
-kernelgate/ops/triton/gated_rms_norm.py accordingly.
+kernelgate/ops/norm/gated_rms_norm_triton.py accordingly.
 """
 from __future__ import annotations
 

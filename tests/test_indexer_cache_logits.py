@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, registry
-from impls import poisoned_impl
+from helpers.impls import poisoned_impl
 
 STORE, LOGITS = "indexer_k_quant_and_cache", "fp8_paged_mqa_logits"
 E4M3 = torch.float8_e4m3fn

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, platform, registry
-from impls import poisoned_impl
+from helpers.impls import poisoned_impl
 from kernelgate.ops.indexer.indexer_q import precompute_freqs_cis
 
 OP = "fused_q_indexer_rope_hadamard_quant"

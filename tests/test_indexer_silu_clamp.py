@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelgate import KernelgateError, registry
-from impls import poisoned_impl
+from helpers.impls import poisoned_impl
 
 OP = "silu_and_mul_clamp"
 

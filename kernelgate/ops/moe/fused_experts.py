@@ -15,7 +15,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ... import checks
+from ... import checks, platform
 from ...registry import GPU_TRITON, Case, declare
 
 OP = "fused_experts"
@@ -110,8 +110,9 @@ def grouped_mm_supports(x, w_gate_up, w_down, topk_weights, topk_ids, activation
     if dev == "cuda":
         if x.dtype != torch.bfloat16:
             return "torch._grouped_mm on CUDA takes bf16 only"
-        if torch.cuda.get_device_capability(x.device) < (9, 0):
-            return "torch._grouped_mm fast path needs sm90+"
+        cap = platform.current().capability or ""
+        if cap.startswith("sm_") and int(cap[3:]) < 90:
+            return f"torch._grouped_mm fast path needs sm90+ (this device: {cap})"
     elif dev != "cpu":
         return f"torch._grouped_mm not verified on {dev}"
     return _grouped_mm_runs(dev, x.dtype)

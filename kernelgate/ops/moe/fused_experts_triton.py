@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc
+from ... import platform
 from ...platform import interpreting
 from .moe_align_triton import moe_align
 
@@ -30,10 +31,17 @@ def _configs():
                                   (128, 128, 8, 3), (64, 256, 4, 3))]
 
 
-# Small problems (tests, toy models) and the interpreter: one fixed config, no tuning cost.
+# Small problems (tests, toy models) and the interpreter: one fixed config per platform, no tuning cost.
 _FIXED = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-# AMD GPUs have 64 KiB of LDS per workgroup: three fp32 stages need 72 KiB (compile_targets: gfx90a, gfx942)
-_FIXED_HIP = dict(_FIXED, num_stages=2)
+LAUNCH = {
+    # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 stages need 72 KiB (compile_targets: gfx90a, gfx942)
+    "rocm": dict(_FIXED, num_stages=2),
+}
+
+
+def launch_config(plat) -> dict:
+    """The fixed launch choice on platform `plat` (platform.current(), or a simulated one)."""
+    return LAUNCH.get(plat.name, _FIXED)
 _TUNE_MIN_WEIGHTS = 1 << 20   # D * I at which autotuning pays off (Kimi: 2304 * 1024)
 
 
@@ -161,7 +169,7 @@ def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
     tune = not interpreting() and D * I >= _TUNE_MIN_WEIGHTS
     gate_up = _tuned(_gate_up_kernel) if tune else _gate_up_kernel
     down = _tuned(_down_kernel) if tune else _down_kernel
-    meta = {} if tune else _FIXED_HIP if torch.version.hip else _FIXED
+    meta = {} if tune else launch_config(platform.current())
     gate_up[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
         x, w_gate_up, h, sorted_pairs, block_expert, P, I, D, bucket,
         x.stride(0), x.stride(1), *w_gate_up.stride(),

@@ -5,7 +5,7 @@ import torch
 from kernelgate import KernelgateError
 from kernelgate.testing import rel_err
 
-from kda_refs import call, fla_gate, runnable
+from helpers.kda_refs import call, fla_gate, runnable
 
 
 def _inputs(T, H, K, dtype, seed=0):

@@ -8,7 +8,7 @@ from kernelgate import KernelgateError, platform, registry
 from kernelgate.ops.kda.kda_prefill import make_inputs
 from kernelgate.testing import rel_err
 
-from kda_refs import call, fla_gate, fla_naive, hf, need, runnable, tol
+from helpers.kda_refs import call, fla_gate, fla_naive, hf, need, runnable, tol
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 

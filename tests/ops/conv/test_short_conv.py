@@ -5,7 +5,7 @@ import torch
 from kernelgate import KernelgateError
 from kernelgate.testing import rel_err
 
-from kda_refs import call, hf, runnable
+from helpers.kda_refs import call, hf, runnable
 
 W = 4
 
