@@ -28,7 +28,7 @@ def main() -> int:
         args, kw = fe.make_inputs(T, 2304, 1024, 256, 8, torch.bfloat16, dev, gen)
         floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
         ref = fe.fused_experts_native(*args, **kw)
-        for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32, 64), (128, 256, 512), (2, 4, 8)):
+        for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32, 64), (256, 512), (4, 8)):
             if bi * bk > 16384 or bo * bk > 16384:
                 continue
             gv.LAUNCH[platform.current().name] = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
