@@ -48,6 +48,7 @@ MAXNREG = {1: 96}
 
 
 def _sm(plat) -> int:
+    """NVIDIA compute capability as 80, 90, ...; 0 for other ISAs (gfx..., none)."""
     cap = plat.capability or ""
     return int(cap[3:]) if cap.startswith("sm_") else 0
 
@@ -55,14 +56,16 @@ def _sm(plat) -> int:
 def launch_config_kq(plat: platform.Platform, fnuz: bool = False, block_size: int | None = None) -> dict:
     """Launch choices of the keys x q^T kernel on `plat` (block_size: the cache's, if known, which
     decides whether tiles lie in one block). Compiled NVIDIA: fp16 upcast where the device converts
-    the format, else the integer decode; TMA keys on sm_90+, else the table entry ahead; a register cap."""
+    the format, else the integer decode; TMA keys on sm_90+, else the table entry ahead; a register cap.
+    (ISA-level choices -- fp8 conversion, TMA, register caps -- follow the capability, so a platform
+    simulated on another vendor's GPU still compiles.)"""
     interp = plat.triton_mode != "compiled"
     nvidia = plat.name == "cuda" and not interp
-    exact_cast = platform.fp8_hardware(plat.capability) and not (fnuz and plat.name == "cuda")
+    exact_cast = platform.fp8_hardware(plat.capability) and not (fnuz and _sm(plat))
     cfg = dict(form="kq", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4,
                operand="f16" if exact_cast and not interp else "f16bits",
                keys="tma" if interp or (nvidia and _sm(plat) >= 90) else "ahead",
-               maxnreg="auto" if nvidia else None)
+               maxnreg="auto" if nvidia and _sm(plat) else None)
     if interp:   # a few programs of one tile each: small grids stay cheap to interpret
         cfg.update(num_stages=1, programs=64, min_tiles=1)
     return _route_keys(cfg, block_size)
@@ -80,12 +83,12 @@ def _route_keys(cfg: dict, block_size: int | None) -> dict:
 
 def launch_config(plat: platform.Platform, fnuz: bool = False, block_size: int | None = None) -> dict:
     """Launch choices of the portable q x K^T kernel on `plat`: fp8 MMA on ROCm GPUs with fp8
-    hardware, exact fp16 upcast on NVIDIA fp8 GPUs (e4m3fn), the integer decode elsewhere."""
+    hardware, exact fp16 upcast on other fp8 GPUs (NVIDIA: e4m3fn only), the integer decode elsewhere."""
     interp = plat.triton_mode != "compiled"
     fp8_hw = platform.fp8_hardware(plat.capability) and not interp
-    if fp8_hw and plat.name == "rocm":
+    if fp8_hw and plat.name == "rocm" and not _sm(plat):
         operand = "fp8"
-    elif fp8_hw and plat.name == "cuda" and not fnuz:
+    elif fp8_hw and not (fnuz and _sm(plat)):
         operand = "f16"
     else:
         operand = "f16bits"
@@ -286,7 +289,7 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     operand = OPERANDS[cfg["operand"]]
     interp = plat.triton_mode != "compiled"
     nvidia = plat.name == "cuda" and not interp
-    require(not (fnuz and nvidia and operand != 3), OP_LOGITS,
+    require(not (fnuz and _sm(plat) and operand != 3), OP_LOGITS,
             f"operand {cfg['operand']!r}: NVIDIA GPUs have no e4m3fnuz conversion (use 'f16bits')")
     out = alloc.empty((B * next_n, max_context_len), torch.float32, q_fp8.device)
     if B == 0:
@@ -300,7 +303,7 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     kscale = float(2 ** (2 * (15 - (8 if fnuz else 7)))) if operand == 3 else 1.0
     extra = {} if interp else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     maxnreg = MAXNREG.get(nqp) if cfg["maxnreg"] == "auto" else cfg["maxnreg"]
-    if maxnreg and nvidia:
+    if maxnreg and nvidia and _sm(plat):
         extra["maxnreg"] = maxnreg
     kdesc = None
     if cfg["keys"] == "tma":

@@ -33,10 +33,11 @@ MAXNREG_V4 = 80   # registers per thread for v4 on NVIDIA: 6 programs per SM on 
 def launch_config(plat: platform.Platform, variant: str = "v4", fp8_format: str = "e4m3fn") -> dict:
     """The token-major kernel's launch choices on `plat`. Compiled NVIDIA: the hardware e4m3fn cast
     where the device has fp8 conversion, and a register cap for v4. Elsewhere (the interpreter, or
-    forced onto another backend): the integer encoder, no cap."""
-    nvidia = plat.name == "cuda" and plat.triton_mode == "compiled"
+    forced onto another backend): the integer encoder, no cap. (The cast and the cap are NVIDIA ISA
+    features: they follow the capability, so cuda simulated on another vendor's GPU still compiles.)"""
+    nvidia = plat.name == "cuda" and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_")
     hw = nvidia and fp8_format == "e4m3fn" and platform.fp8_hardware(plat.capability)
-    return dict(form="tok", tok=1, num_warps=4, hw_encode=hw, fast_div=True,
+    return dict(form="tok", tok=1, num_warps=4, hw_encode=hw,
                 maxnreg=MAXNREG_V4 if nvidia and variant == "v4" else None)
 
 
@@ -123,9 +124,9 @@ def _ld(base, K: tl.constexpr, m2):
 
 
 @triton.jit
-def _st(out, K: tl.constexpr, x, inv, sc, fmax, m2, FNUZ: tl.constexpr, HW: tl.constexpr,
-        FAST_DIV: tl.constexpr):
-    tl.store(out + K * 32 + tl.arange(0, 32)[None, :], _quant(x, inv, sc, fmax, FNUZ, HW, FAST_DIV), mask=m2)
+def _st(out, K: tl.constexpr, x, inv, sc, fmax, m2, FNUZ: tl.constexpr, HW: tl.constexpr):
+    """Quarter K's codes, as x * inv (within an fp32 ulp of x / scale: rarely one code off)."""
+    tl.store(out + K * 32 + tl.arange(0, 32)[None, :], _quant(x, inv, sc, fmax, FNUZ, HW, True), mask=m2)
 
 
 @triton.jit
@@ -137,8 +138,7 @@ def _amax(x):
 def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
                           B, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
                           V4: tl.constexpr, HADAMARD: tl.constexpr, FNUZ: tl.constexpr,
-                          HW_ENCODE: tl.constexpr, FAST_DIV: tl.constexpr,
-                          TOK: tl.constexpr, HB: tl.constexpr):
+                          HW_ENCODE: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
     R: tl.constexpr = TOK * HB
     r = tl.arange(0, R)                                             # [R], r = t * HB + h
     toks = tl.program_id(0) * TOK + tl.arange(0, TOK)               # [TOK]
@@ -176,18 +176,12 @@ def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
     scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
     sc = scale[:, None]
     inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
-    if HADAMARD:
-        if FAST_DIV:   # x * (NORM / scale): one multiply per value
-            inv = inv * NORM
-        else:
-            x0 = x0 * NORM
-            x1 = x1 * NORM
-            x2 = x2 * NORM
-            x3 = x3 * NORM
-    _st(out, 0, x0, inv, sc, fmax, m2, FNUZ, HW_ENCODE, FAST_DIV)
-    _st(out, 1, x1, inv, sc, fmax, m2, FNUZ, HW_ENCODE, FAST_DIV)
-    _st(out, 2, x2, inv, sc, fmax, m2, FNUZ, HW_ENCODE, FAST_DIV)
-    _st(out, 3, x3, inv, sc, fmax, m2, FNUZ, HW_ENCODE, FAST_DIV)
+    if HADAMARD:   # x * (NORM / scale): one multiply per value
+        inv = inv * NORM
+    _st(out, 0, x0, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
+    _st(out, 1, x1, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
+    _st(out, 2, x2, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
+    _st(out, 3, x3, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
     w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=rmask, other=0.0).to(tl.float32)
     tl.store(wo_ptr + tok * H + head, w * weight_scale * scale, mask=rmask)
 
@@ -199,7 +193,7 @@ def indexer_q_tok_triton(q, weight, weight_scale, freqs_cis, positions, variant=
 
 def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn", hadamard=None,
            **config):
-    """The op; `config` overrides launch_config's choices (tok, num_warps, maxnreg, hw_encode, fast_div)
+    """The op; `config` overrides launch_config's choices (tok, num_warps, maxnreg, hw_encode)
     for bench sweeps. Grid: (token blocks, head blocks)."""
     B, H, D = q.shape
     check_args(q, freqs_cis)
@@ -213,12 +207,12 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     hb = min(triton.next_power_of_2(H), 128)
     tok = triton.next_power_of_2(max(cfg["tok"], triton.cdiv(16, hb)))
     extra = {"num_warps": cfg["num_warps"]} if cfg["num_warps"] else {}
-    if cfg["maxnreg"] and plat.triton_mode == "compiled" and plat.name == "cuda":
+    if cfg["maxnreg"] and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_"):
         extra["maxnreg"] = cfg["maxnreg"]
     _indexer_q_tok_kernel[(triton.cdiv(B, tok), triton.cdiv(H, hb))](
         q, weight, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8), w_out,
         B, H, q.stride(0), q.stride(1), weight.stride(0), weight.stride(1), float(weight_scale), fmax,
         V4=variant == "v4", HADAMARD=(variant == "v4") if hadamard is None else hadamard,
-        FNUZ=fp8_format == "e4m3fnuz", HW_ENCODE=bool(cfg["hw_encode"]), FAST_DIV=bool(cfg["fast_div"]),
+        FNUZ=fp8_format == "e4m3fnuz", HW_ENCODE=bool(cfg["hw_encode"]),
         TOK=tok, HB=hb, **extra)
     return q_fp8, w_out
