@@ -22,7 +22,7 @@ import kernelgate.ops.indexer.indexer_q_tok_triton as tok  # noqa: E402
 pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 
 FORMS = {   # id -> (kernel module, launch overrides)
-    "tok1": (tok, {}),
+    "tok1": (tok, dict(tok=1)),                                 # the GPU choice: freqs as a [1, n] vector
     "tok2-w2": (tok, dict(tok=2, num_warps=2)),                 # two tokens per program: freqs broadcast
     "rows-R32": (rows, dict(block_r=32)),
     "rows-R64": (rows, dict(block_r=64)),
@@ -113,6 +113,7 @@ def test_launch_tables(pid):
     assert tok.launch_config(p, "v4", "e4m3fnuz")["hw_encode"] is hw_fnuz
     assert tok.launch_config(p, "v4")["maxnreg"] == reg_v4
     assert tok.launch_config(p, "v32")["maxnreg"] == reg_v32
+    assert tok.launch_config(p)["tok"] == (None if pid == "cuda-interpreter" else 1)   # None: ~1024 rows
     cfg = rows.launch_config(p)
     assert (cfg["dot_f32"], cfg["block_r"]) == ROWS_TABLE[pid]
 

@@ -32,12 +32,13 @@ MAXNREG_V4 = 80   # registers per thread for v4 on NVIDIA: 6 programs per SM on 
 
 def launch_config(plat: platform.Platform, variant: str = "v4", fp8_format: str = "e4m3fn") -> dict:
     """The token-major kernel's launch choices on `plat`. Compiled NVIDIA: the hardware e4m3fn cast
-    where the device has fp8 conversion, and a register cap for v4. Elsewhere (the interpreter, or
-    forced onto another backend): the integer encoder, no cap. (The cast and the cap are NVIDIA ISA
+    where the device has fp8 conversion, one token per program, and a register cap for v4. Elsewhere
+    (the interpreter, or forced onto another backend): the integer encoder, no cap. (The cast and the cap are NVIDIA ISA
     features: they follow the capability, so cuda simulated on another vendor's GPU still compiles.)"""
     nvidia = plat.name == "cuda" and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_")
     hw = nvidia and fp8_format == "e4m3fn" and platform.fp8_hardware(plat.capability)
-    return dict(form="tok", tok=1, num_warps=4, hw_encode=hw,
+    # tok None: ~1024 rows per program (the interpreter pays per program and operation, not per element)
+    return dict(form="tok", tok=1 if plat.triton_mode == "compiled" else None, num_warps=4, hw_encode=hw,
                 maxnreg=MAXNREG_V4 if nvidia and variant == "v4" else None)
 
 
@@ -205,7 +206,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     if B * H == 0:
         return q_fp8, w_out
     hb = min(triton.next_power_of_2(H), 128)
-    tok = triton.next_power_of_2(max(cfg["tok"], triton.cdiv(16, hb)))
+    tok = triton.next_power_of_2(max(cfg["tok"] or 1024 // hb, triton.cdiv(16, hb)))
     extra = {"num_warps": cfg["num_warps"]} if cfg["num_warps"] else {}
     if cfg["maxnreg"] and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_"):
         extra["maxnreg"] = cfg["maxnreg"]
