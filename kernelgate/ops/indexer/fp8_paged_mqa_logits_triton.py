@@ -72,12 +72,9 @@ def launch_config_kq(plat: platform.Platform, fnuz: bool = False, block_size: in
 
 
 def _route_keys(cfg: dict, block_size: int | None) -> dict:
-    """"ahead" / "tma" need a tile inside one cache block (else "plain": one table entry per token);
-    "tma" needs 16-byte aligned strides (block_size % 4 == 0; else "ahead")."""
+    """"ahead" / "tma" need a tile inside one cache block; else "plain" (one table entry per token)."""
     if block_size is not None and cfg["keys"] != "plain" and block_size % cfg["block_t"]:
         cfg = dict(cfg, keys="plain")
-    elif block_size is not None and cfg["keys"] == "tma" and block_size % 4:
-        cfg = dict(cfg, keys="ahead")
     return cfg
 
 
@@ -306,7 +303,7 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     if maxnreg and nvidia and _sm(plat):
         extra["maxnreg"] = maxnreg
     kdesc = None
-    if cfg["keys"] == "tma":
+    if cfg["keys"] == "tma":   # TMA needs a 16-byte aligned base (strides are: block_size % 16 == 0)
         if kv.data_ptr() % 16:
             cfg["keys"] = "ahead"
         else:
