@@ -7,12 +7,13 @@ eager µs, CUDA-graph µs (device time: the step is captured in the engine), GB/
 fraction of the floor (each sequence's latent cache read once, plus q and o, at 4.2 TB/s).
 The native reference is timed at B <= 8 only (it loops over sequences on the host).
 
-  --sweep    also time the Triton kernel over launch choices (tile, warps, stages, programs)
-             at each shape, calling the kernel directly; prints the best per shape, to copy
-             into CONFIGS in kernelgate/ops/mla/mla_decode_triton.py
+  --sweep    also time the Triton kernel over launch choices (tile, warps, stages, MMA
+             orientation, table prefetch, programs) at B1 128k, B8 32k, B64 32k, calling the
+             kernel directly; prints the best per shape, to copy into CONFIGS / LOOP in
+             kernelgate/ops/mla/mla_decode_triton.py
   --prefill  also check mla_prefill (sdpa) against native at a context longer than one piece
              and time it for an 8k chunk after 24k / 120k of context
-Runs in about a minute on an H200 (two with --sweep).
+Runs in about a minute on an H200 (--sweep adds about three: 28 launch choices x 3 shapes).
 """
 from __future__ import annotations
 
@@ -86,34 +87,41 @@ def timing(dev):
         torch.cuda.empty_cache()
 
 
+SWEEP_SHAPES = ((1, 131072), (8, 32768), (64, 32768))
+
+
 def sweep(dev):
+    """Stage 1: loop shape x tile / warps / stages at the table's program count; stage 2: the best
+    of stage 1 at other program counts (B < 64)."""
     from kernelgate.ops.mla import mla_decode_triton as T
     base = T.config()
-    grid = [dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in
-            ((16, 4, 3), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 8, 3))]
-    progs = (132, 264, 528)
+    tiles = ((16, 4, 3), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 8, 3))
+    grid = [dict(block_n=bn, num_warps=w, num_stages=s, kv_major=km, ahead=ah)
+            for (bn, w, s), km, ah in itertools.product(tiles, (False, True), (True, False))]
     print(f"\nsweep (base {base}); graph µs per call\n")
-    for ctx, B in itertools.product(CTXS, BATCHES):
+    for B, ctx in SWEEP_SHAPES:
         q, cache, table, seq = inputs(B, ctx, dev)
         nbytes = decode_bytes(q, cache, seq)
-        rows = []
-        for cfg, p in itertools.product(grid, progs):
-            if B >= 64 and p != base["programs"]:
-                continue   # B=64 fills the GPU with few splits; program count barely matters
-            c = {**base, **cfg, "programs": p}
+
+        def timed(c):
             fn = lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=c)  # noqa: E731
             try:
                 fn()
-                us = graph_us(fn, dev, calls=10) or time_ms(fn, dev) * 1e3
+                return graph_us(fn, dev, calls=10) or time_ms(fn, dev) * 1e3
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
                 print(f"  B{B} ctx{ctx} {c}: {type(e).__name__}: {str(e)[:80]}")
-                continue
-            rows.append((us, c))
+                return None
+        rows = [(us, c) for c in ({**base, **g} for g in grid) if (us := timed(c)) is not None]
         rows.sort(key=lambda r: r[0])
-        for us, c in rows[:3]:
+        if rows and B < 64:
+            best = rows[0][1]
+            rows += [(us, c) for p in (132, 528, 1056) if p != best["programs"]
+                     for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
+            rows.sort(key=lambda r: r[0])
+        for us, c in rows[:4]:
+            keys = ("block_n", "num_warps", "num_stages", "kv_major", "ahead", "programs")
             print(f"B{B} ctx{ctx}: {us:.1f} µs, {nbytes / (us * 1e-6) / 1e9 / FLOOR_GBS:.2f} of floor, "
-                  f"splits {T.num_splits(B, table.shape[1], BS, c)}: "
-                  f"{ {k: c[k] for k in ('block_n', 'num_warps', 'num_stages', 'programs')} }")
+                  f"splits {T.num_splits(B, table.shape[1], BS, c)}: { {k: c[k] for k in keys} }")
         del q, cache, table, seq
         torch.cuda.empty_cache()
 

@@ -41,8 +41,9 @@ OP = "mla_decode"
 # writes M x R fp32 partials: 64 KiB for Kimi). Unmeasured starting points: bench/mla_decode.py
 # --sweep times the alternatives on a GPU.
 CONFIGS = [
-    (("cuda", "sm_9"), dict(block_n=64, num_warps=8, num_stages=2, programs=264, min_split=256)),
-    (("cuda", "sm_10"), dict(block_n=64, num_warps=8, num_stages=2, programs=296, min_split=256)),
+    # H100/H200: a [32, 576] bf16 tile is 36 KiB; two stages leave room for two programs per SM
+    (("cuda", "sm_9"), dict(block_n=32, num_warps=8, num_stages=2, programs=264, min_split=256)),
+    (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
     (("xpu", None), dict(block_n=32, num_warps=8, num_stages=1, programs=256, min_split=256)),
@@ -51,6 +52,8 @@ CONFIGS = [
 # The merge of the splits: programs of merge_rows query rows x merge_br latent columns (None:
 # all), reading merge_sb splits per step.
 MERGE = dict(merge_rows=1, merge_br=128, merge_sb=16)
+# Loop shape defaults (see _partial_kernel): heads on the MMA's M axis, table entries one tile ahead.
+LOOP = dict(kv_major=False, ahead=True)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries.
 INTERPRETER = dict(programs=8, min_split=32, merge_rows=None, merge_br=None, merge_sb=4)
@@ -60,7 +63,7 @@ def config(plat=None) -> dict:
     plat = plat or platform.current()
     for (name, cap), cfg in CONFIGS:
         if name in (None, plat.name) and (cap is None or (plat.capability or "").startswith(cap)):
-            return {**MERGE, **cfg, **(INTERPRETER if interpreting() else {})}
+            return {**MERGE, **LOOP, **cfg, **(INTERPRETER if interpreting() else {})}
     raise AssertionError("unreachable: CONFIGS ends with a catch-all")
 
 
@@ -70,11 +73,26 @@ def num_splits(N: int, max_blocks: int, block_size: int, cfg: dict) -> int:
 
 
 @triton.jit
+def _dot(a, b, DOT_F32: tl.constexpr):
+    if DOT_F32:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b)
+    return c
+
+
+@triton.jit
 def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
                     s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
                     qk_scale,
                     R: tl.constexpr, DR: tl.constexpr, RP: tl.constexpr, DRP: tl.constexpr, MP: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr):
+                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
+                    KV_MAJOR: tl.constexpr, AHEAD: tl.constexpr):
+    """KV_MAJOR=False: scores [MP, BLOCK_N] = q kv^T, acc [MP, RP] (heads on the MMA's M axis).
+    KV_MAJOR=True: the transposes, scores^T = kv q^T [BLOCK_N, MP] and acc^T [RP, MP] += kv^T p^T:
+    the MMA's M axis is BLOCK_N / R (>= 64: Hopper's wgmma shapes) instead of the head count.
+    AHEAD: the block-table entries of the next tile are loaded one iteration early, so no cache
+    load waits on a load of its own iteration (Triton's pipeliner can then prefetch tiles)."""
     n = tl.program_id(0)
     sp = tl.program_id(1)
     L = tl.load(len_ptr + n)
@@ -91,62 +109,79 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
     qrow = (n * next_n + j).to(tl.int64) * s_qt + (m % H) * s_qh
     r = tl.arange(0, RP)
     rmask = r < R
-    qn = tl.load(q_ptr + qrow[:, None] + r[None, :], mask=mmask[:, None] & rmask[None, :], other=0.0)
-    if DOT_F32:
-        qn = qn.to(tl.float32)
-    if DR > 0:
-        d = tl.arange(0, DRP)
-        dmask = d < DR
+    d = tl.arange(0, DRP)
+    dmask = d < DR
+    if KV_MAJOR:   # q^T [RP, MP], [DRP, MP]
+        qn = tl.load(q_ptr + qrow[None, :] + r[:, None], mask=mmask[None, :] & rmask[:, None], other=0.0)
+        qr = tl.load(q_ptr + qrow[None, :] + R + d[:, None], mask=mmask[None, :] & dmask[:, None], other=0.0)
+        acc = tl.zeros([RP, MP], dtype=tl.float32)
+    else:
+        qn = tl.load(q_ptr + qrow[:, None] + r[None, :], mask=mmask[:, None] & rmask[None, :], other=0.0)
         qr = tl.load(q_ptr + qrow[:, None] + R + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-        if DOT_F32:
-            qr = qr.to(tl.float32)
-
-    acc = tl.zeros([MP, RP], dtype=tl.float32)
+        acc = tl.zeros([MP, RP], dtype=tl.float32)
     m_i = tl.full([MP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([MP], dtype=tl.float32)
     bt_row = bt_ptr + n.to(tl.int64) * s_bt
+    t = start + tl.arange(0, BLOCK_N)
+    blk_next = tl.load(bt_row + t // block_size, mask=t < end, other=-1)
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tmask = t < end
-        blk = tl.load(bt_row + t // block_size, mask=tmask, other=-1)
+        if AHEAD:
+            blk = blk_next
+            tn = t + BLOCK_N
+            blk_next = tl.load(bt_row + tn // block_size, mask=tn < end, other=-1)
+        else:
+            blk = tl.load(bt_row + t // block_size, mask=tmask, other=-1)
         ok = tmask & (blk >= 0) & (blk < num_blocks)
         base = blk.to(tl.int64) * s_cb + (t % block_size).to(tl.int64) * s_ct
-        kv = tl.load(kv_ptr + base[:, None] + r[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)
-        if DOT_F32:
-            kv = kv.to(tl.float32)
-            s = tl.dot(qn, tl.trans(kv), input_precision="ieee")
+        kv = tl.load(kv_ptr + base[:, None] + r[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)   # [BLOCK_N, RP]
+        kr = tl.load(kv_ptr + base[:, None] + R + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
+        if KV_MAJOR:
+            s = _dot(kv, qn, DOT_F32)                                       # [BLOCK_N, MP]
+            if DR > 0:
+                s += _dot(kr, qr, DOT_F32)
+            s = tl.where(ok[:, None] & (t[:, None] <= last[None, :]), s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)          # a row that saw nothing yet
+            p = tl.exp2(s - m_use[None, :])
+            alpha = tl.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            if not DOT_F32:   # the p kv product in the cache dtype (fp32 accumulator), as flash attention
+                p = p.to(kv.dtype)
+            acc = acc * alpha[None, :] + _dot(tl.trans(kv), p, DOT_F32)
         else:
-            s = tl.dot(qn, tl.trans(kv))
-        if DR > 0:
-            kr = tl.load(kv_ptr + base[:, None] + R + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
-            if DOT_F32:
-                s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="ieee")
-            else:
-                s += tl.dot(qr, tl.trans(kr))
-        s = tl.where(ok[None, :] & (t[None, :] <= last[:, None]), s * qk_scale, float("-inf"))   # [MP, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)      # a row that saw nothing yet
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+            s = _dot(qn, tl.trans(kv), DOT_F32)                             # [MP, BLOCK_N]
+            if DR > 0:
+                s += _dot(qr, tl.trans(kr), DOT_F32)
+            s = tl.where(ok[None, :] & (t[None, :] <= last[:, None]), s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if not DOT_F32:
+                p = p.to(kv.dtype)
+            acc = acc * alpha[:, None] + _dot(p, kv, DOT_F32)
         m_i = m_new
 
     has = l_i > 0.0
     l_use = tl.where(has, l_i, 1.0)                               # rows that saw nothing: o = 0, lse = -inf
-    o = acc / l_use[:, None]
     lse = tl.where(has, (m_i + tl.log2(l_use)) * 0.6931471805599453, float("-inf"))   # natural log
     row = (n * SPLITS + sp).to(tl.int64) * M + m                 # [N, SPLITS, M] (SPLITS 1: the output rows)
     tl.store(lse_ptr + row, lse, mask=mmask)
+    if KV_MAJOR:
+        o = acc / l_use[None, :]
+        optr = o_ptr + row[None, :] * R + r[:, None]
+        omask = mmask[None, :] & rmask[:, None]
+    else:
+        o = acc / l_use[:, None]
+        optr = o_ptr + row[:, None] * R + r[None, :]
+        omask = mmask[:, None] & rmask[None, :]
     if start < end:   # an empty split leaves its o unwritten; the merge skips it by its lse
-        tl.store(o_ptr + row[:, None] * R + r[None, :], o.to(o_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & rmask[None, :])
+        tl.store(optr, o.to(o_ptr.dtype.element_ty), mask=omask)
     elif SPLITS == 1:
-        tl.store(o_ptr + row[:, None] * R + r[None, :], tl.zeros([MP, RP], dtype=o_ptr.dtype.element_ty),
-                 mask=mmask[:, None] & rmask[None, :])
+        tl.store(optr, (o * 0.0).to(o_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -218,6 +253,7 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
         nb, max_blocks, bs, next_n, H, M, scale * math.log2(math.e),
         R=R, DR=Dr, RP=RP, DRP=max(16, triton.next_power_of_2(max(Dr, 1))), MP=MP, BLOCK_N=cfg["block_n"], SPLITS=splits, DOT_F32=dot_f32,
+        KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
         rows = min(cfg["merge_rows"] or MP, MP)

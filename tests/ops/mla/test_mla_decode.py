@@ -207,6 +207,17 @@ def test_triton_gpu_merge_layout_and_many_splits():
     assert rel(o, ref[0]) < 1e-5 and rel(lse, ref[1]) < 1e-6
 
 
+@pytest.mark.parametrize("kv_major", [False, True], ids=["heads-major", "kv-major"])
+@pytest.mark.parametrize("ahead", [False, True], ids=["table-inline", "table-ahead"])
+def test_triton_loop_shapes(kv_major, ahead):
+    # both MMA orientations and both block-table load orders, tiles of 16 over blocks of 8, 3 splits
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([37, 8, 0], [2, 2, 2], 3, 32, 16, 8, 8, 8, torch.float32, seed=5)
+    cfg = dict(T.config(), kv_major=kv_major, ahead=ahead, block_n=16, splits=3)
+    o_lat = _launch(pb.absorbed_q(torch.float32), pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, cfg=cfg)
+    assert rel(torch.einsum("thr,hvr->thv", o_lat.double(), pb.w_uv), pb.expanded()) < 2e-5
+
+
 def test_launch_choices_follow_the_platform():
     import dataclasses
 
@@ -215,7 +226,7 @@ def test_launch_choices_follow_the_platform():
     h200 = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"))
     mi300 = T.config(dataclasses.replace(here, name="rocm", capability="gfx942"))
     xpu = T.config(dataclasses.replace(here, name="xpu", capability=None))
-    assert (h200["block_n"], h200["num_stages"]) == (64, 2)
+    assert (h200["block_n"], h200["num_warps"], h200["num_stages"]) == (32, 8, 2)
     assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
     assert T.num_splits(1, 2048, 64, dict(programs=264, min_split=256)) == 264      # B1 128k: fill the GPU
     assert T.num_splits(64, 2048, 64, dict(programs=264, min_split=256)) == 5
