@@ -121,7 +121,7 @@ def sweep(dev):
         rows.sort(key=lambda r: r[0])
         if rows and B < 64:
             best = rows[0][1]
-            rows += [(us, c) for p in (132, 528, 1056) if p != best["programs"]
+            rows += [(us, c) for p in (132, 264, 528, 1056) if p != best["programs"]
                      for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
             rows.sort(key=lambda r: r[0])
         for us, c in rows[:4]:
