@@ -41,9 +41,12 @@ OP = "mla_decode"
 # writes M x R fp32 partials: 64 KiB for Kimi). Unmeasured starting points: bench/mla_decode.py
 # --sweep times the alternatives on a GPU.
 CONFIGS = [
-    # H100/H200: a [32, 576] bf16 tile is 36 KiB; 239 registers x 256 threads allow one program
-    # per SM, so one wave of 132 (fewer splits: half the partials of two waves)
-    (("cuda", "sm_9"), dict(block_n=32, num_warps=8, num_stages=2, programs=132, min_split=256)),
+    # H100/H200, measured (H200, 2026-11-30, bench/mla_decode.py --sweep, CUDA graph): small
+    # batches take 16-token tiles in the kv-major orientation, 4 warps, 3 stages, the table entry
+    # loaded a tile ahead (B1 128k 102.5 us = 0.35 of the floor, was 181.4 with 32 x 8 warps x 2
+    # stages; B8 32k 148.9 us = 0.48, was 285.1); SM_9_LARGE_N below for wide batches.
+    (("cuda", "sm_9"), dict(block_n=16, num_warps=4, num_stages=3, programs=264, min_split=256,
+                            kv_major=True, ahead=True)),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
@@ -64,10 +67,17 @@ LOOP = dict(kv_major=False, ahead=False)
 INTERPRETER = dict(programs=8, min_split=32, merge_rows=None, merge_br=None, merge_sb=4)
 
 
-def config(plat=None) -> dict:
+# B >= 32 on sm_90: 64-token tiles, heads as the MMA rows, 8 warps, 3 stages (B64 32k 1283 us =
+# 0.45 of the floor; the small-batch choice 1626 us).
+SM_9_LARGE_N = dict(block_n=64, num_warps=8, num_stages=3, kv_major=False, ahead=True)
+
+
+def config(plat=None, num_seqs: int = 1) -> dict:
     plat = plat or platform.current()
     for (name, cap), cfg in CONFIGS:
         if name in (None, plat.name) and (cap is None or (plat.capability or "").startswith(cap)):
+            if cap == "sm_9" and num_seqs >= 32:
+                cfg = {**cfg, **SM_9_LARGE_N}
             return {**MERGE, **LOOP, **cfg, **(INTERPRETER if interpreting() else {})}
     raise AssertionError("unreachable: CONFIGS ends with a catch-all")
 
@@ -229,7 +239,7 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M,
 
 def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, return_lse=False, cfg=None):
     """The kernels, without value checks (the bench and tests call this with their own cfg)."""
-    cfg = cfg or config()
+    cfg = cfg or config(num_seqs=block_table.shape[0])
     R = kv_lora_rank
     Dr = cache.shape[2] - R
     H = q.shape[1]

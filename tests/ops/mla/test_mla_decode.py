@@ -226,7 +226,10 @@ def test_launch_choices_follow_the_platform():
     h200 = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"))
     mi300 = T.config(dataclasses.replace(here, name="rocm", capability="gfx942"))
     xpu = T.config(dataclasses.replace(here, name="xpu", capability=None))
-    assert (h200["block_n"], h200["num_warps"], h200["num_stages"]) == (32, 8, 2)
+    assert (h200["block_n"], h200["num_warps"], h200["num_stages"], h200["kv_major"]) == (16, 4, 3, True)
+    wide = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"), num_seqs=64)
+    assert (wide["block_n"], wide["num_warps"], wide["kv_major"]) == (64, 8, False)    # B >= 32
+    assert T.config(dataclasses.replace(here, name="rocm", capability="gfx942"), num_seqs=64) == mi300
     assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
     assert T.num_splits(1, 2048, 64, dict(programs=264, min_split=256)) == 264      # B1 128k: fill the GPU
     assert T.num_splits(64, 2048, 64, dict(programs=264, min_split=256)) == 5
