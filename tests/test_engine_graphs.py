@@ -43,7 +43,7 @@ def fake_graphs(monkeypatch):
         init(self, *a, **k)
         self.graph.owner = self
     monkeypatch.setattr(graphs._Captured, "__init__", hooked)
-    monkeypatch.setattr(kernelgate.engine.scheduler, "graph_api", graphs.graph_api)
+    monkeypatch.setattr(kernelgate.engine.model_runner, "graph_api", graphs.graph_api)
 
 
 def _prompts(n=5, seed=3):

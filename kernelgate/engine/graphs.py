@@ -30,7 +30,7 @@ import torch
 
 from .. import alloc
 from ..registry import FallbackWarning
-from .batch import StepBatch
+from ..models.batch import StepBatch
 
 MIN_CONTEXT = 128
 

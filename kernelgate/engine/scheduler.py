@@ -11,13 +11,9 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
-from .. import alloc
 from ..platform import KernelgateError
-from .batch import StepBatch
-from .graphs import DecodeGraphs, graph_api
-from .sampling import SamplingParams, make_generator, sample
+from .model_runner import ModelRunner
+from .sampling import SamplingParams, make_generator
 
 _ids = itertools.count()
 
@@ -52,12 +48,9 @@ class StepStats:
 class Scheduler:
     def __init__(self, model, max_slots: int = 16, max_len: int = 4096, max_prefill_tokens: int = 8192,
                  graphs: bool = True):
-        """graphs: decode through captured device graphs where the platform has them
-        (engine/graphs.py); the pool then keeps one extra slot as the padding rows' scratch."""
         self.model = model
-        api, self.graphs_reason = graph_api(model.device) if graphs else (None, "graphs=False")
-        self.pool = model.new_pool(max_slots + (api is not None), max_len)
-        self.graphs = DecodeGraphs(model, self.pool, self.pool.reserve()) if api is not None else None
+        self.runner = ModelRunner(model, max_slots, max_len, graphs)
+        self.pool, self.graphs = self.runner.pool, self.runner.graphs
         self.max_len, self.max_prefill_tokens = max_len, max_prefill_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -94,18 +87,8 @@ class Scheduler:
         return None
 
     def _run(self, reqs: list, inputs: list, kind: str) -> StepStats:
-        device = self.model.device
         starts = [0] * len(reqs) if kind == "prefill" else [r.cached for r in reqs]
-        flat = [t for x in inputs for t in x]
-        logits = None
-        if kind == "decode" and self.graphs is not None:
-            logits = self.graphs.run(flat, [r.slot for r in reqs], starts)  # None: decode eagerly
-        if logits is None:
-            batch = StepBatch.build([len(x) for x in inputs], [r.slot for r in reqs], starts, device)
-            batch.decode = kind == "decode"
-            tokens = alloc.upload(torch.tensor(flat, dtype=torch.long), device)
-            logits = self.model.step(tokens, batch, self.pool)               # [N, V] fp32
-        new = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        new = self.runner.execute(reqs, inputs, starts, kind == "decode")
         if kind == "prefill":
             self.running.extend(reqs)
         for r, tok in zip(reqs, new):
@@ -118,4 +101,4 @@ class Scheduler:
                 self.running.remove(r)
                 self.pool.free(r.slot)
                 r.slot = None
-        return StepStats(kind, len(flat), len(reqs))
+        return StepStats(kind, sum(len(x) for x in inputs), len(reqs))

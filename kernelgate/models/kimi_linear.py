@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..engine.batch import StepBatch
-from ..engine.state import StatePool
+from .batch import StepBatch
+from .cache import StatePool
 from ..platform import KernelgateError
 from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
