@@ -90,45 +90,47 @@ class KimiLinearForCausalLM(nn.Module):
 
 
 def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.02) -> KimiLinearForCausalLM:
-    """Seeded random weights shaped like a trained checkpoint (norms ~1, KDA decay in range)."""
-    g = torch.Generator().manual_seed(seed)
+    """Seeded random weights shaped like a trained checkpoint (norms ~1, KDA decay in range),
+    drawn in place on the model's device in each parameter's own dtype (fast at 48B)."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
     for name, p in model.named_parameters():
         if "norm" in name:
-            val = 1 + 0.1 * torch.randn(p.shape, generator=g)
+            p.normal_(1.0, 0.1, generator=g)
         elif name.endswith("A_log"):
-            val = torch.empty(p.shape).uniform_(1, 16, generator=g).log()
+            p.uniform_(1, 16, generator=g).log_()
         elif name.endswith("dt_bias"):
-            dt = torch.empty(p.shape).uniform_(-6.9, -2.3, generator=g).exp()
-            val = dt + torch.log(-torch.expm1(-dt))                  # inverse softplus
+            dt = p.uniform_(-6.9, -2.3, generator=g).exp_()
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))                 # inverse softplus
         elif name.endswith("e_score_correction_bias"):
-            val = 0.01 * torch.randn(p.shape, generator=g)
+            p.normal_(0.0, 0.01, generator=g)
         elif "conv1d" in name:
-            val = 0.3 * torch.randn(p.shape, generator=g)
+            p.normal_(0.0, 0.3, generator=g)
         else:
-            val = std * torch.randn(p.shape, generator=g)
-        p.copy_(val.to(p.dtype))
+            p.normal_(0.0, std, generator=g)
     return model
-
-
-def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0):
-    """A model with `config`; seeded random weights unless seed is None (then uninitialised)."""
-    with torch.device("meta"):
-        model = KimiLinearForCausalLM(config)
-    model = model.to_empty(device=device or "cpu")
-    _cast(model, dtype)
-    if seed is not None:
-        with torch.no_grad():
-            random_weights(model, seed)
-    return model.eval()
 
 
 FP32_PARAMS = ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")
 
 
-def _cast(model: nn.Module, dtype: torch.dtype) -> None:
-    """Model dtype everywhere except router / decay parameters, which stay fp32 (as trained)."""
-    for name, p in model.named_parameters():
-        want = torch.float32 if name.endswith(FP32_PARAMS) else dtype
-        if p.dtype != want:
-            p.data = p.data.to(want)
-
+def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0):
+    """A model with `config`; seeded random weights unless seed is None (then uninitialised).
+    Every parameter is allocated once, in its final dtype, on `device` (router / decay
+    parameters in fp32: FP32_PARAMS): no fp32 or host copy of the model is ever made."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
+    device = torch.device(device or "cpu")
+    with torch.device("meta"):
+        model = KimiLinearForCausalLM(config)
+    for mod_name, mod in model.named_modules():
+        for pname, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            want = torch.float32 if full.endswith(FP32_PARAMS) else dtype
+            mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=want, device=device),
+                                                  requires_grad=False)
+    if seed is not None:
+        with torch.no_grad():
+            random_weights(model, seed)
+    return model.eval()
