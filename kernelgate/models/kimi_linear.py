@@ -1,7 +1,7 @@
 """Kimi Linear: decoder of KDA and MLA layers (3:1) with dense-then-MoE MLPs.
 
-`model.step(tokens, batch, pool)` runs one engine step over a varlen batch (prefill or
-decode, states in a `StatePool`) and returns the logits of each sequence's last token;
+`model.step(tokens, batch, cache)` runs one engine step over a varlen batch (prefill chunks
+and / or decodes, states and latents in a `KVCache`) and returns the logits of each sequence's last token;
 `model(token_ids[B, T])` is a plain full-sequence forward returning logits [B, T, V].
 Built only from registry ops and plain torch: no platform branch here.
 """
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .batch import StepBatch
-from .cache import StatePool
+from .cache import KVCache
 from ..platform import KernelgateError
 from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
@@ -27,8 +27,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, h, batch, pool):
-        h = h + self.self_attn(self.input_layernorm(h), batch, pool)
+    def forward(self, h, batch, cache):
+        h = h + self.self_attn(self.input_layernorm(h), batch, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -57,20 +57,20 @@ class KimiLinearForCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_pool(self, num_slots: int, max_len: int) -> StatePool:
-        return StatePool(self.config, num_slots, max_len, self.device, self.dtype)
+    def new_cache(self, num_slots: int, num_blocks: int, block_size: int) -> KVCache:
+        return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype)
 
-    def hidden(self, tokens: torch.Tensor, batch: StepBatch, pool: StatePool) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """tokens [T] packed -> final normed hidden states [T, D]."""
         h = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            h = layer(h, batch, pool)
+            h = layer(h, batch, cache)
         return self.model.norm(h)
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, batch: StepBatch, pool: StatePool) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
-        h = self.hidden(tokens, batch, pool)
+        h = self.hidden(tokens, batch, cache)
         return self.lm_head(h[batch.last_token_index]).float()
 
     @torch.inference_mode()
@@ -81,11 +81,14 @@ class KimiLinearForCausalLM(nn.Module):
                                   f"got shape {tuple(token_ids.shape)}")
         B, T = token_ids.shape
         token_ids = token_ids.to(self.device)
-        pool = self.new_pool(B, T)
-        batch = StepBatch.build([T] * B, [pool.alloc() for _ in range(B)], [0] * B, self.device)
+        bs = 64
+        nb = -(-T // bs)
+        cache = self.new_cache(B, B * nb, bs)
+        tables = [list(range(i * nb, (i + 1) * nb)) for i in range(B)]
+        batch = StepBatch.build([T] * B, list(range(B)), [0] * B, self.device, tables, bs)
         if T == 1:   # a one-token forward is a prefill, not a decode step from existing state
             batch.decode = False
-        h = self.hidden(token_ids.reshape(-1), batch, pool)
+        h = self.hidden(token_ids.reshape(-1), batch, cache)
         return self.lm_head(h).view(B, T, -1)
 
 
