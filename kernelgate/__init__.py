@@ -8,12 +8,15 @@ __version__ = "0.1.0"
 
 
 def load_model(path, device=None, dtype=None):
-    """Load a Kimi Linear checkpoint folder (safetensors + config.json) -> model."""
+    """Load a Kimi Linear checkpoint folder (safetensors + config.json) -> model. Parameters are
+    allocated once in their final dtype on `device`; tensors stream from the files into them."""
     from .models.loader import load_model as _load
     return _load(path, device=device, dtype=dtype)
 
 
 def generate(model, prompts, **kwargs):
-    """Generate for prompts with continuous batching; see kernelgate.engine.generate."""
+    """Generate for prompts with continuous batching, chunked prefill and a paged cache; the
+    engine knobs (max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_utilization,
+    block_size, num_cache_blocks) are keyword arguments; see kernelgate.engine.generate."""
     from .engine.generate import generate as _generate
     return _generate(model, prompts, **kwargs)

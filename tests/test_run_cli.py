@@ -28,7 +28,7 @@ def test_run_json_with_prompt_ids(capsys):
 
 
 def test_run_model_folder_and_platform(tmp_path, capsys):
-    from kimi_hf import tiny_hf_model
+    from helpers.kimi_hf import tiny_hf_model
     tiny_hf_model(seed=1).save_pretrained(tmp_path)
     assert cli.main(["run", "--json", "--model", str(tmp_path), "--platform", "npu", "--max-new-tokens", "2",
                      "--batch", "1", "--prompt", "3,4"]) == 0
