@@ -140,9 +140,12 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Stop a request (its stream gets no more outputs); unknown ids are ignored."""
         with self._cv:
-            if self._tracked.pop(request_id, None) is not None:
+            t = self._tracked.pop(request_id, None)
+            if t is not None:
                 self._aborts.append(request_id)
                 self._cv.notify()
+        if t is not None:
+            self.observer.on_finish(time.perf_counter() - t.arrival, "abort")
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop taking requests, let running ones finish for up to `timeout` s, abort the rest."""
@@ -184,6 +187,8 @@ class AsyncEngine:
                         self._admit(rid, t)
                 if self.engine.has_unfinished():
                     self._step()
+                else:                  # aborts freed everything: the gauges must say so
+                    self._report()
         except BaseException as e:  # noqa: BLE001 - the loop must never die silently
             self.dead = f"engine loop died: {type(e).__name__}: {e}"
             log.exception("kernelgate: %s", self.dead)
@@ -215,9 +220,12 @@ class AsyncEngine:
                 self.engine.abort(rid)
                 self._finish(rid, "error", msg)
             outs = []
+        self._report()            # before delivering: a client that saw a token sees its gauges
         now = time.perf_counter()
         for out in outs:
             self._deliver(out, now)
+
+    def _report(self) -> None:
         self._running = self.engine.num_running
         self.observer.on_step(self._running, self.engine.num_waiting, self.engine.cache_usage)
 
