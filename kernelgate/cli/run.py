@@ -107,8 +107,9 @@ def _drive(engine, prompts, params, tokenizer, stops, progress=None):
             progress(done)
     results = []
     for r in res.values():
-        r["detok"].finish()
-        r["text"] = r.pop("detok").text if tokenizer is not None else None
+        detok = r.pop("detok")
+        detok.finish()
+        r["text"] = detok.text if tokenizer is not None else None
         results.append(r)
     return results, t
 
