@@ -82,7 +82,7 @@ def main() -> None:
     off_s = time.perf_counter() - t0
     off_tps = sum(len(r) for r in ref) / off_s
     step_b64 = sorted(steps[1:])[len(steps[1:]) // 2]
-    ref1, steps1 = offline(prompts[:1], a.output_len)
+    _, steps1 = offline(prompts[:1], a.output_len)
     step_b1 = sorted(steps1[1:])[len(steps1[1:]) // 2]
 
     metrics = Metrics("bench")
@@ -134,7 +134,7 @@ def main() -> None:
         (f"c{N} ITL p50 (ms)", r64["median_itl_ms"], f"offline b{N} step {step_b64 * 1e3:.2f}", None),
         (f"c{N} TTFT p50 / p99 (ms)", r64["median_ttft_ms"], f"p99 {r64['p99_ttft_ms']:.1f}", None),
     ]
-    print(f"\n| metric | server | target | ok |\n|---|---:|---|---|")
+    print("\n| metric | server | target | ok |\n|---|---:|---|---|")
     for name, v, target, ok in rows:
         print(f"| {name} | {v:.2f} | {target} | {'' if ok is None else ('yes' if ok else 'NO')} |")
 

@@ -1,6 +1,7 @@
 """`kernelgate doctor | check | bench` on this machine (Triton under TRITON_INTERPRET=1), and the
 one-line errors of every command."""
 import json
+
 import pytest
 import torch
 
@@ -138,5 +139,5 @@ def test_cli_error_in_a_fresh_process():
     # what a user sees: rc 2 and one line on stderr, from the installed entry point's module
     import subprocess
     import sys
-    p = subprocess.run([sys.executable, "-m", "kernelgate", "run", "--dtype", "foo"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "kernelgate", "run", "--dtype", "foo"], capture_output=True, text=True, check=False)
     assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1 and "--dtype" in p.stderr

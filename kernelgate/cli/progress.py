@@ -7,12 +7,13 @@ class Progress:
         self.label, self.total, self.quiet = label, total, quiet
         self.bar = self.task = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.quiet:
             return self
         try:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
         except ImportError:
             return self
         self.bar = Bar(f"[bold]{self.label}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

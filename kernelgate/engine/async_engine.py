@@ -65,7 +65,7 @@ class _Tracked:
 class RequestStream:
     """Async iterator of a request's RequestOutputs; the last one has finished=True."""
 
-    def __init__(self, owner: "AsyncEngine", request_id: str, queue: asyncio.Queue):
+    def __init__(self, owner: AsyncEngine, request_id: str, queue: asyncio.Queue):
         self.owner, self.request_id, self.queue = owner, request_id, queue
         self.finished = False
 
@@ -105,7 +105,7 @@ class AsyncEngine:
         self.dead: str | None = None           # why the loop thread stopped, if it did
 
     # ---- client side (any thread / event loop) ----
-    def start(self) -> "AsyncEngine":
+    def start(self) -> AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="kernelgate-engine", daemon=True)
         self._thread.start()
         return self

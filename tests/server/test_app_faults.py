@@ -5,9 +5,8 @@ import asyncio
 import json
 
 import httpx
-import pytest
-
 from fake_engine import FakeEngine
+
 from kernelgate.engine.async_engine import AsyncEngine
 from kernelgate.server.app import create_app
 from kernelgate.server.jobs import ModelInfo

@@ -11,66 +11,30 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from shared_server import shared_server
 
 import kernelgate
 from kernelgate.cli.model import BUILTIN, builtin_model
-
-pytestmark = pytest.mark.xdist_group("server")
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SEQS, MAX_LEN = 8, 1024
 N_CONCURRENT, N_TOKENS = 32, 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """Base URL of a running server; stopping it with SIGTERM must give rc 0 within seconds."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "KERNELGATE_PLATFORM": "", "KERNELGATE_FORCE": ""}
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "kernelgate", "serve", "--port", str(port),
-                                 "--max-num-seqs", str(MAX_SEQS), "--max-model-len", str(MAX_LEN),
-                                 "--log-level", "warning"], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with rc {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server not healthy after 180 s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.25)
-    yield base
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("server did not stop within 20 s of SIGTERM")
-    text = log.read_text()
-    assert rc == 0, text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
+    """Base URL of the running server (shared by the xdist workers); its owner stops it with
+    SIGTERM at the end and checks rc 0 within seconds and no traceback in its log."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with shared_server(folder, ["--max-num-seqs", str(MAX_SEQS), "--max-model-len", str(MAX_LEN),
+                                "--log-level", "warning"], ROOT) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
