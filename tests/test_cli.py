@@ -1,5 +1,7 @@
-"""`kernelgate doctor | check | bench` on this machine (Triton under TRITON_INTERPRET=1)."""
+"""`kernelgate doctor | check | bench` on this machine (Triton under TRITON_INTERPRET=1), and the
+one-line errors of every command."""
 import json
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from kernelgate import cli
 def clean_env(monkeypatch):
     # The CLI writes KERNELGATE_PLATFORM / KERNELGATE_FORCE into os.environ. setenv makes
     # monkeypatch record the original state (even "unset") and restore it afterwards.
-    for name in ("KERNELGATE_PLATFORM", "KERNELGATE_FORCE"):
+    for name in ("KERNELGATE_PLATFORM", "KERNELGATE_FORCE", "KERNELGATE_GRAPHS"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     if not torch.cuda.is_available():
@@ -85,3 +87,57 @@ def test_bench_tiny_case_on_this_device(clean_env, capsys, tmp_path):
 def result_platform():
     from kernelgate import platform
     return platform.current().real
+
+
+def test_version(capsys):
+    from kernelgate import __version__
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kernelgate {__version__}"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["check", "nosuchop"], "check: unknown op 'nosuchop' (known: biased_grouped_topk,"),
+    (["bench", "nosuchop", "--no-compile"], "unknown op 'nosuchop'"),
+    (["run", "--dtype", "foo"], "argument --dtype: 'foo' is not one of float32,"),
+    (["serve", "--dtype", "int8"], "argument --dtype: 'int8' is not one of"),
+    (["run", "--device", "nodevice"], "argument --device: 'nodevice' is not a torch device"),
+    (["run", "--temperature", "nan"], "argument --temperature: must be a finite number in [0.0, inf], got nan"),
+    (["run", "--top-p", "0"], "argument --top-p: must be a finite number in (0.0, 1.0], got 0"),
+    (["run", "--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
+    (["run", "--max-new-tokens", "1000000000"], "run: --max-new-tokens 1000000000 leaves no room for a prompt "
+                                                "in --max-model-len 4096"),
+    (["run", "--prompt-ids", "5,x"], "--prompt-ids '5,x' must be comma-separated integers"),
+    (["serve", "--gpu-memory-utilization", "1.5"], "argument --gpu-memory-utilization: must be a finite number"),
+    (["serve", "--max-num-seqs", "0"], "argument --max-num-seqs: must be >= 1, got 0"),
+    (["bench", "serve", "--request-rate", "0"], "argument --request-rate: must be > 0 (or inf), got 0"),
+    (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
+], ids=lambda v: "-".join(v) if isinstance(v, list) else None)
+def test_cli_errors_are_one_line(clean_env, capsys, argv, message):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_device_without_backend_is_one_line(clean_env, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert cli.main(["run", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --device: 'cuda': this machine (torch " in err and "has no cuda device" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["yes", "2", ""])
+def test_graphs_env_validated(clean_env, capsys, monkeypatch, value):
+    monkeypatch.setenv("KERNELGATE_GRAPHS", value)
+    assert cli.main(["run", "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"KERNELGATE_GRAPHS={value!r}: must be 0 (eager decode) or 1 (device graphs)" in err
+
+
+def test_cli_error_in_a_fresh_process():
+    # what a user sees: rc 2 and one line on stderr, from the installed entry point's module
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "kernelgate", "run", "--dtype", "foo"], capture_output=True, text=True, check=False)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1 and "--dtype" in p.stderr

@@ -1,25 +1,14 @@
-"""`kernelgate doctor | run | bench | check`."""
+"""`kernelgate doctor | check | bench OP`: the registry's view of this machine."""
 from __future__ import annotations
 
-import argparse
+import functools
 import json
-import os
-import sys
 
-
-def _apply_common(args) -> None:
-    if getattr(args, "platform", None):
-        os.environ["KERNELGATE_PLATFORM"] = args.platform
-    if getattr(args, "force", None):
-        prev = os.environ.get("KERNELGATE_FORCE", "")
-        os.environ["KERNELGATE_FORCE"] = ",".join(filter(None, [prev, *args.force]))
-    from . import registry
-    registry.refresh()
-    registry.parse_overrides(os.environ.get("KERNELGATE_FORCE", ""))  # unknown names fail now
+from ..platform import KernelgateError
 
 
 def doctor_report() -> dict:
-    from . import platform, registry
+    from .. import platform, registry
     plat = platform.current()
     report = {"platform": plat.as_dict(), "ops": {}}
     for name, op in sorted(registry.ops().items()):
@@ -55,11 +44,39 @@ def doctor(args) -> int:
     return 0
 
 
+def _known(names: list[str], what: str) -> None:
+    from .. import registry
+    known = registry.ops()
+    for n in names:
+        if n not in known:
+            raise KernelgateError(f"{what}: unknown op {n!r} (known: {', '.join(sorted(known))})")
+
+
 def bench(args) -> int:
-    from . import benchmark, registry
+    from .. import benchmark, registry
+    from .progress import Progress
     names = sorted(registry.ops()) if args.op == "all" else [args.op]
+    _known(names, "bench")
     for name in names:
-        result = benchmark.run(name, cases=args.case, compile_native=not args.no_compile, impls=args.impl)
+        cases = [c.id for c in registry.get(name).bench_cases() if not args.case or c.id in args.case]
+        if not cases:
+            raise KernelgateError(f"bench: {name} has no bench case named {', '.join(args.case)}")
+        result = None
+        # one case at a time, so a long run shows where it is; the copy bandwidth (the
+        # reference for GB/s) is measured once, not once per case
+        measure = benchmark.copy_bandwidth
+        benchmark.copy_bandwidth = functools.lru_cache(maxsize=None)(measure)
+        try:
+            with Progress(f"bench {name}", len(cases), quiet=False) as bar:
+                for case in cases:
+                    part = benchmark.run(name, cases=[case], compile_native=not args.no_compile, impls=args.impl)
+                    if result is None:
+                        result = part
+                    else:
+                        result["rows"] += part["rows"]
+                    bar.advance(1)
+        finally:
+            benchmark.copy_bandwidth = measure
         j, m = benchmark.write(result, args.out)
         print(benchmark.markdown(result))
         print(f"wrote {j} and {m}")
@@ -67,10 +84,9 @@ def bench(args) -> int:
 
 
 def check(args) -> int:
-    import torch
-
-    from . import platform, registry
-    from .testing import check_impl
+    from .. import platform, registry
+    from ..testing import check_impl
+    _known(args.op, "check")
     device = platform.default_device()
     failed = passed = skipped = 0
     for name, op in sorted(registry.ops().items()):
@@ -97,29 +113,17 @@ def check(args) -> int:
                         if args.verbose:
                             print(f"ok   {label}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    del torch
     return 1 if failed else 0
 
 
-def run(args) -> int:
-    from .runtime import main as run_main
-    return run_main(args)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kernelgate", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    def common(p):
-        p.add_argument("--platform", help="simulate a platform for dispatch (cuda, rocm, xpu, npu, mps, cpu)")
-        p.add_argument("--force", action="append", metavar="OP=IMPL", help="force an implementation (repeatable)")
-
+def add_parsers(sub, common) -> None:
     p = sub.add_parser("doctor", help="show the implementation chosen for every op, and why not the others")
     common(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=doctor)
 
-    p = sub.add_parser("bench", help="time every implementation of an op on this device")
+    p = sub.add_parser("bench", help="time every implementation of an op on this device "
+                                     "('kernelgate bench serve --help': load a running server)")
     common(p)
     p.add_argument("op", help="op name, or 'all'")
     p.add_argument("--case", action="append", help="only this bench case (repeatable)")
@@ -133,22 +137,3 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("op", nargs="*")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(fn=check)
-
-    p = sub.add_parser("run", help="load a model (default: a built-in small Kimi-Linear-shaped one) and generate")
-    common(p)
-    from .runtime import add_arguments
-    add_arguments(p)
-    p.set_defaults(fn=run)
-
-    args = ap.parse_args(argv)
-    from .platform import KernelgateError
-    try:
-        _apply_common(args)
-        return args.fn(args)
-    except KernelgateError as e:
-        print(f"kernelgate: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

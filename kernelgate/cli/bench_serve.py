@@ -1,0 +1,208 @@
+"""`kernelgate bench serve`: a load generator against a running OpenAI-compatible server.
+
+Random token-id prompts (`--input-len` +- `--range-ratio`), exact output lengths (`ignore_eos`,
+as vLLM's benchmark does), arrivals at `--request-rate` per second (Poisson; inf = all at
+once) with at most `--max-concurrency` in flight; every request streams. Reports the numbers
+vLLM's `bench serve` reports, under its names: request / output / total token throughput,
+TTFT, TPOT (time per output token after the first), ITL (gap between chunks) and E2EL
+(end-to-end latency), each as mean / median / std / p90 / p99, in milliseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from . import args as flags
+
+PERCENTILES = (50, 90, 99)
+
+
+def parser(cls) -> argparse.ArgumentParser:
+    p = cls(prog="kernelgate bench serve", description=__doc__.splitlines()[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)")
+    p.add_argument("--model", help="model name to send (default: the server's first model)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--num-prompts", type=flags.int_at_least(1), default=100)
+    p.add_argument("--request-rate", type=_rate,
+                   default=math.inf, help="requests per second, Poisson arrivals (default inf: all at once)")
+    p.add_argument("--max-concurrency", type=flags.int_at_least(1), help="requests in flight at most")
+    p.add_argument("--input-len", type=flags.int_at_least(1), default=128)
+    p.add_argument("--output-len", type=flags.int_at_least(1), default=128)
+    p.add_argument("--range-ratio", type=flags.float_in(0.0, 1.0), default=0.0,
+                   help="lengths uniform in [len*(1-r), len*(1+r)] (default 0: exact)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=flags.float_in(0.0, 1e6, lo_open=True), default=600.0,
+                   help="seconds per request")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    p.add_argument("--result-file", help="also write the JSON result here")
+    p.set_defaults(fn=main)
+    return p
+
+
+def _rate(s: str) -> float:
+    v = float(s) if s.lower() not in ("inf", "infinity") else math.inf
+    if math.isnan(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {s}")
+    return v
+
+
+@dataclass
+class Outcome:
+    ok: bool = False
+    prompt_len: int = 0
+    output_len: int = 0
+    ttft: float = 0.0
+    itl: list = field(default_factory=list)
+    latency: float = 0.0
+    error: str = ""
+
+
+async def _one(client, url: str, body: dict, headers: dict) -> Outcome:
+    import httpx
+    out = Outcome(prompt_len=len(body["prompt"]))
+    t0 = time.perf_counter()
+    last = t0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                out.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                return out
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    out.error = obj["error"].get("message", "error")
+                    return out
+                now = time.perf_counter()
+                if obj.get("choices"):
+                    if out.ttft == 0.0:
+                        out.ttft = now - t0
+                    else:
+                        out.itl.append(now - last)
+                    last = now
+                if obj.get("usage"):
+                    out.output_len = obj["usage"]["completion_tokens"]
+        out.latency = time.perf_counter() - t0
+        out.ok = out.ttft > 0
+    except (httpx.HTTPError, OSError, ValueError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _stats(name: str, values: list, into: dict) -> None:
+    ms = [v * 1e3 for v in values] or [0.0]
+    into[f"mean_{name}_ms"] = statistics.fmean(ms)
+    into[f"median_{name}_ms"] = statistics.median(ms)
+    into[f"std_{name}_ms"] = statistics.pstdev(ms)
+    s = sorted(ms)
+    for p in PERCENTILES:
+        into[f"p{p}_{name}_ms"] = s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
+
+
+async def _bench(args) -> dict:
+    import httpx
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    base = args.base_url.rstrip("/")
+    rng = random.Random(args.seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
+        try:
+            r = await client.get(f"{base}/v1/models", headers=headers)
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"cannot reach {base}: {type(e).__name__}: {e}") from None
+        if r.status_code != 200:
+            raise RuntimeError(f"GET {base}/v1/models answered {r.status_code}: {r.text[:200]}")
+        card = r.json()["data"][0]
+        model = args.model or card["id"]
+        vocab = int(card.get("vocab_size") or 256)
+
+        def length(n):
+            lo, hi = max(1, int(n * (1 - args.range_ratio))), max(1, int(n * (1 + args.range_ratio)))
+            return rng.randint(lo, hi)
+        bodies = []
+        for _ in range(args.num_prompts):
+            bodies.append({"model": model, "prompt": [rng.randrange(vocab) for _ in range(length(args.input_len))],
+                           "max_tokens": length(args.output_len), "temperature": 0.0, "ignore_eos": True,
+                           "stream": True, "stream_options": {"include_usage": True}})
+        gaps = [0.0 if math.isinf(args.request_rate) else rng.expovariate(args.request_rate)
+                for _ in bodies]
+        sem = asyncio.Semaphore(args.max_concurrency or len(bodies))
+
+        async def limited(body):
+            async with sem:
+                return await _one(client, f"{base}/v1/completions", body, headers)
+        t0 = time.perf_counter()
+        tasks = []
+        for body, gap in zip(bodies, gaps):
+            if gap:
+                await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(limited(body)))
+        outcomes = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - t0
+    ok = [o for o in outcomes if o.ok]
+    res = {"backend": "openai", "base_url": base, "model_id": model, "num_prompts": args.num_prompts,
+           "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+           "max_concurrency": args.max_concurrency, "input_len": args.input_len, "output_len": args.output_len,
+           "range_ratio": args.range_ratio, "seed": args.seed, "date": time.strftime("%Y%m%d-%H%M%S"),
+           "duration": duration, "completed": len(ok), "failed": len(outcomes) - len(ok),
+           "total_input_tokens": sum(o.prompt_len for o in ok),
+           "total_output_tokens": sum(o.output_len for o in ok)}
+    res["request_throughput"] = len(ok) / duration
+    res["output_throughput"] = res["total_output_tokens"] / duration
+    res["total_token_throughput"] = (res["total_input_tokens"] + res["total_output_tokens"]) / duration
+    _stats("ttft", [o.ttft for o in ok], res)
+    _stats("tpot", [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1], res)
+    _stats("itl", [x for o in ok for x in o.itl], res)
+    _stats("e2el", [o.latency for o in ok], res)
+    res["errors"] = [o.error for o in outcomes if not o.ok][:20]
+    return res
+
+
+def table(res: dict) -> str:
+    lines = ["{s:{c}^60}".format(s=" Serving Benchmark Result ", c="=")]
+
+    def row(label, value):
+        lines.append(f"{label:<45}{value:>15.2f}" if isinstance(value, float) else f"{label:<45}{value!s:>15}")
+    row("Successful requests:", res["completed"])
+    row("Failed requests:", res["failed"])
+    row("Maximum request concurrency:", res["max_concurrency"])
+    row("Benchmark duration (s):", res["duration"])
+    row("Total input tokens:", res["total_input_tokens"])
+    row("Total generated tokens:", res["total_output_tokens"])
+    row("Request throughput (req/s):", res["request_throughput"])
+    row("Output token throughput (tok/s):", res["output_throughput"])
+    row("Total token throughput (tok/s):", res["total_token_throughput"])
+    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        lines.append("{s:{c}^60}".format(s=f" {title} ", c="-"))
+        row(f"Mean {key.upper()} (ms):", res[f"mean_{key}_ms"])
+        row(f"Median {key.upper()} (ms):", res[f"median_{key}_ms"])
+        for p in PERCENTILES[1:]:
+            row(f"P{p} {key.upper()} (ms):", res[f"p{p}_{key}_ms"])
+    lines.append("=" * 60)
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from ..platform import KernelgateError
+    try:
+        res = asyncio.run(_bench(args))
+    except RuntimeError as e:
+        raise KernelgateError(f"bench serve: {e}") from None
+    if args.result_file:
+        with open(args.result_file, "w") as f:
+            json.dump(res, f, indent=1)
+    print(json.dumps(res) if args.json else table(res))
+    if res["errors"]:
+        print(f"bench serve: {res['failed']} requests failed; first: {res['errors'][0]}", flush=True)
+    return 0 if res["completed"] else 1

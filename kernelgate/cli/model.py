@@ -1,0 +1,30 @@
+"""The model a command runs: a checkpoint folder, or the built-in one.
+
+The built-in model is the small Kimi-Linear-shaped config (`models.tiny()`) with seeded
+weights and the byte tokenizer (`kernelgate.tokenizer`), whose two end tokens are its EOS
+ids, so text in / text out and chat work with no checkpoint.
+"""
+from __future__ import annotations
+
+BUILTIN = "kernelgate-builtin"
+
+
+def builtin_model(device=None, dtype=None, seed: int = 0):
+    import torch
+
+    from ..models import build, tiny
+    from ..platform import default_device
+    from ..tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    config = tiny(vocab_size=tok.vocab_size, eos_token_ids=list(tok.eos_token_ids))
+    model = build(config, device=device or default_device(), dtype=getattr(torch, dtype or "float32"), seed=seed)
+    model.tokenizer = tok
+    return model
+
+
+def load(args):
+    """(model, description) from --model / --device / --dtype."""
+    from .. import load_model
+    if args.model:
+        return load_model(args.model, device=args.device, dtype=args.dtype), args.model
+    return builtin_model(args.device, args.dtype), "built-in tiny Kimi Linear (seeded) + byte tokenizer"

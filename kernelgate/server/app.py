@@ -1,0 +1,151 @@
+"""The FastAPI app: OpenAI routes over one AsyncEngine.
+
+    GET  /v1/models              the served model (with max_model_len and vocab_size)
+    POST /v1/completions         text or token-id prompts (one or a list), stream or not
+    POST /v1/chat/completions    messages through the tokenizer's chat template
+    GET  /health                 200 while the engine loop is alive, else 503
+    GET  /metrics                Prometheus text
+
+Every error is an OpenAI error body ({"error": {"message", "type", "param", "code"}}) with
+its status; an unexpected exception is logged here with its traceback and answered 500
+with a one-line message, never the traceback.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
+from .detokenizer import Detokenizer
+from .jobs import ModelInfo, chat_job, completion_jobs
+from .metrics import Metrics
+from .protocol import APIError, ChatRequest, CompletionRequest, parse
+from .responses import Responder, collect, deltas
+
+log = logging.getLogger("kernelgate.server")
+
+
+def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: str | None = None,
+               shutdown_timeout: float = 10.0) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await engine.shutdown(shutdown_timeout)     # drain, then abort what is left
+
+    app = FastAPI(title="kernelgate", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):
+        log.exception("kernelgate: unexpected error on %s", request.url.path)
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}".splitlines()[0]).body(),
+                            status_code=500)
+
+    def auth(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, f"{'wrong' if given else 'missing'} API key: send 'Authorization: Bearer <key>'")
+
+    @app.get("/health")
+    async def health():
+        if engine.dead:
+            return JSONResponse(APIError(503, engine.dead).body(), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics_text():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        auth(request)
+        card = {"id": info.name, "object": "model", "created": created, "owned_by": "kernelgate",
+                "root": info.name, "max_model_len": info.max_model_len, "vocab_size": info.vocab_size}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        auth(request)
+        req = parse(CompletionRequest, await _json(request))
+        jobs = completion_jobs(info, req)
+        return await _serve(request, req, jobs, chat=False, echo=req.echo)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        auth(request)
+        req = parse(ChatRequest, await _json(request))
+        return await _serve(request, req, [chat_job(info, req)], chat=True, echo=False)
+
+    async def _serve(request: Request, req, jobs: list, chat: bool, echo: bool):
+        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        resp = Responder(chat, info.name, jobs, req.return_token_ids, echo, include_usage)
+        streams = await _admit(resp.id, jobs)
+        gens = [deltas(s, Detokenizer(info.tokenizer, j.stop, req.skip_special_tokens))
+                for s, j in zip(streams, jobs)]
+
+        def abort_all():
+            for s in streams:
+                s.abort()
+
+        if req.stream:
+            # the background task runs after the response ends, a client disconnect included
+            return StreamingResponse(resp.stream(gens), media_type="text/event-stream",
+                                     background=BackgroundTask(abort_all))
+        task = asyncio.ensure_future(collect(gens))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return JSONResponse(resp.body(task.result()))
+                if await request.is_disconnected():
+                    task.cancel()
+                    return Response(status_code=499)
+        finally:
+            abort_all()
+
+    async def _admit(rid: str, jobs: list) -> list:
+        streams = []
+        try:
+            for i, j in enumerate(jobs):
+                streams.append(await engine.add_request(f"{rid}-{i}-{uuid.uuid4().hex[:6]}", j.prompt_ids, j.params))
+        except BaseException as e:
+            for s in streams:
+                s.abort()
+            if isinstance(e, QueueFull):
+                raise APIError(503, str(e)) from None
+            if isinstance(e, EngineStopped):
+                raise APIError(503, str(e)) from None
+            if isinstance(e, RequestRejected):
+                raise APIError(400, str(e)) from None
+            raise
+        return streams
+
+    return app
+
+
+async def _json(request: Request):
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"request body is not valid JSON: {e}") from None
