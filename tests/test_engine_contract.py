@@ -13,10 +13,7 @@ import kernelgate
 from kernelgate import KernelgateError
 from kernelgate.engine import Engine, SamplingParams
 from kernelgate.models import KimiLinearConfig, build, tiny
-try:
-    from helpers.kimi_hf import TINY, tiny_hf_model      # tests/helpers/ (main's layout)
-except ImportError:
-    from helpers.kimi_hf import TINY, tiny_hf_model
+from helpers.kimi_hf import TINY, tiny_hf_model
 
 
 @pytest.fixture(scope="module")
