@@ -1,8 +1,12 @@
 """kernelgate: one registry of kernel declarations for hybrid linear-attention LLMs, with a
 parity suite and a small runtime on top. `kernelgate.ops.<name>(...)` dispatches an op."""
-from . import platform, registry  # noqa: F401
-from .platform import KernelgateError  # noqa: F401
-from .registry import force, forcing  # noqa: F401
+from . import kernel_cache
+
+kernel_cache.configure()   # before anything compiles: kernels persist between runs
+
+from . import platform, registry  # noqa: F401,E402
+from .platform import KernelgateError  # noqa: F401,E402
+from .registry import force, forcing  # noqa: F401,E402
 
 __version__ = "0.1.0"
 

@@ -36,13 +36,14 @@ def common(p) -> None:
 
 def parser() -> Parser:
     from .. import __version__
-    from . import ops, run, serve
+    from . import ops, run, serve, warmup
     ap = Parser(prog="kernelgate", description=__doc__.splitlines()[0])
     ap.add_argument("--version", action="version", version=f"kernelgate {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     ops.add_parsers(sub, common)
     run.add_parser(sub, common)
     serve.add_parser(sub, common)
+    warmup.add_parser(sub, common)
     return ap
 
 

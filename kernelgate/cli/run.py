@@ -119,6 +119,7 @@ def main(args) -> int:
     from ..engine.engine import Engine
     from ..engine.graphs import graph_api
     from ..engine.sampling import SamplingParams
+    from ..engine.warmup import warm_up
     from .model import load
     from .progress import Progress
     flags.check_env()
@@ -139,7 +140,7 @@ def main(args) -> int:
     def params(i, n):
         return SamplingParams(max_new_tokens=n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seed=args.seed + i, stop_token_ids=stops)
-    _drive(engine, prompts[:2], [params(i, 2) for i in range(min(2, len(prompts)))], None, [])   # warm-up
+    warm_up(engine, log=(lambda m: None) if args.json else (lambda m: print(m, flush=True)))
     plan = registry.plan()
     impls = {name: {i: registry.get(name).impls[i].provider for i in chosen} for name, chosen in plan.items()}
     with Progress("generating", len(prompts) * args.max_new_tokens, quiet=args.json) as bar:

@@ -35,14 +35,6 @@ def add_parser(sub, common) -> None:
     p.set_defaults(fn=main)
 
 
-def _warm_up(engine, vocab: int) -> None:
-    """One short request through the engine before the first client: every op dispatches once."""
-    from ..engine.sampling import SamplingParams
-    engine.add_request("warmup", [1 % vocab, 2 % vocab, 3 % vocab], SamplingParams(max_new_tokens=2))
-    while engine.has_unfinished():
-        engine.step()
-
-
 def main(args) -> int:
     import os
     from pathlib import Path
@@ -51,6 +43,7 @@ def main(args) -> int:
 
     from ..engine.async_engine import AsyncEngine
     from ..engine.engine import Engine
+    from ..engine.warmup import warm_up
     from ..server.app import create_app
     from ..server.jobs import ModelInfo
     from ..server.metrics import Metrics
@@ -60,7 +53,7 @@ def main(args) -> int:
     model, source = load(args)
     kw = flags.engine_kwargs(args)
     engine = Engine(model, **kw)
-    _warm_up(engine, model.config.vocab_size)
+    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True))
     name = args.served_model_name or (Path(args.model).resolve().name if args.model else BUILTIN)
     metrics = Metrics(name)
     aengine = AsyncEngine(engine, max_queued=args.max_queued_requests, observer=metrics).start()

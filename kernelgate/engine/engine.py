@@ -61,6 +61,7 @@ class Engine:
                           gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                           num_cache_blocks=num_cache_blocks, graphs=graphs)
         self.model = model
+        self.max_num_seqs = max_num_seqs
         self.runner = ModelRunner(model, max_num_seqs, max_model_len, max_num_batched_tokens,
                                   gpu_memory_utilization, block_size, num_cache_blocks, graphs)
         self.capacity = self.runner.capacity

@@ -1,0 +1,35 @@
+"""Warm-up before the first real request: every op a step runs dispatches, compiles (Triton,
+autotuning) and, where the device has graphs, the decode step is captured for the batch sizes
+that will run. The first run on a machine pays for compiling; later runs load the kernels from
+the cache folder (kernel_cache.py) and say so."""
+from __future__ import annotations
+
+import time
+
+from .. import kernel_cache
+from .sampling import SamplingParams
+
+
+def warm_up(engine, log=print, max_batch: int | None = None) -> float:
+    """Run short requests through `engine` (one alone, then a full batch); returns seconds."""
+    model = engine.model
+    name = getattr(getattr(model, "device", None), "type", "cpu")
+    from ..platform import current
+    device = current().device_name or name
+    mark = kernel_cache.marker(device)
+    first = not mark.exists()
+    log(f"compiling kernels for {device} (first run only)..." if first else f"loading compiled kernels for {device}...")
+    t0 = time.perf_counter()
+    vocab = model.config.vocab_size
+    batch = max(1, min(max_batch or engine.max_num_seqs, engine.max_num_seqs))
+    for n in sorted({1, batch}):
+        for i in range(n):
+            engine.add_request(f"warmup-{n}-{i}", [(7 * i + j) % vocab for j in range(1, 4)],
+                               SamplingParams(max_new_tokens=3))
+        while engine.has_unfinished():
+            engine.step()
+    secs = time.perf_counter() - t0
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f"{secs:.1f} s\n")
+    log(f"kernels ready in {secs:.1f} s")
+    return secs
