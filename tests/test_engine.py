@@ -7,7 +7,7 @@ import torch
 
 import kernelgate
 from kernelgate import KernelgateError
-from kernelgate.engine import SamplingParams, Scheduler, StatePool
+from kernelgate.engine import Engine, SamplingParams
 from kernelgate.engine.sampling import filter_logits
 from kernelgate.models import build, tiny
 
@@ -43,16 +43,23 @@ def test_batch_independence(model):
 
 def test_requests_join_between_steps(model):
     p = _prompts()
-    sched = Scheduler(model, max_slots=3, max_len=64)
-    a = sched.add(kernelgate.engine.Request(p[0], SamplingParams(max_new_tokens=6)))
-    kinds = [sched.step().kind, sched.step().kind]                       # prefill a, decode a
-    b = sched.add(kernelgate.engine.Request(p[2], SamplingParams(max_new_tokens=3)))
-    while not sched.idle:
-        kinds.append(sched.step().kind)
-    assert kinds[:3] == ["prefill", "decode", "prefill"] and kinds.count("prefill") == 2
+    eng = Engine(model, max_num_seqs=3, max_model_len=64, block_size=8)
+    eng.add_request("a", p[0], SamplingParams(max_new_tokens=6))
+    kinds = []
+    for _ in range(2):                                                   # prefill a, decode a
+        eng.step()
+        kinds.append(eng.last_step.kind)
+    eng.add_request("b", p[2], SamplingParams(max_new_tokens=3))
+    got = {"a": [], "b": []}
+    while eng.has_unfinished():
+        for o in eng.step():
+            got[o.request_id] += o.new_token_ids
+        kinds.append(eng.last_step.kind)
+    # b's prefill shares a step with a's decode
+    assert kinds[:3] == ["prefill", "decode", "mixed"] and "prefill" not in kinds[3:]
     ref = kernelgate.generate(model, [p[0], p[2]], max_new_tokens=6, stop_token_ids=())
-    assert a.output == ref[0].token_ids and b.output == ref[1].token_ids[:3]
-    assert sched.pool.free_slots == 3
+    assert got["b"] == ref[1].token_ids[:3] and len(got["a"]) == 4 and got["a"] == ref[0].token_ids[2:]
+    assert eng.blocks.free_slots == 3 and eng.blocks.free_blocks == eng.capacity.num_blocks
 
 
 def test_stop_tokens_and_max_tokens(model):
@@ -104,25 +111,37 @@ def test_errors(model):
         SamplingParams(top_p=0.0)
     with pytest.raises(KernelgateError, match="max_new_tokens must be >= 1"):
         kernelgate.generate(model, [[1, 2]], max_new_tokens=0)
-    with pytest.raises(KernelgateError, match="exceeds max_len 10"):
+    with pytest.raises(KernelgateError, match="exceeds max_model_len 10"):
         kernelgate.generate(model, [[1] * 8], max_new_tokens=4, max_len=10)
     with pytest.raises(KernelgateError, match=r"token ids outside \[0, 128\)"):
         kernelgate.generate(model, [[1, 500]], max_new_tokens=2)
     with pytest.raises(KernelgateError, match="string prompts need a checkpoint with a tokenizer"):
         kernelgate.generate(model, ["hello"], max_new_tokens=2)
-    pool = StatePool(model.config, 1, 8, "cpu", torch.float32)
-    slot = pool.alloc()
-    with pytest.raises(KernelgateError, match="all 1 slots are in use"):
-        pool.alloc()
-    pool.free(slot)
+    from kernelgate.engine import BlockManager
+    bm = BlockManager(4, 1, 8)
+    slot = bm.take_slot()
+    with pytest.raises(KernelgateError, match="all 1 state slots are in use"):
+        bm.take_slot()
+    bm.give_slot(slot)
     with pytest.raises(KernelgateError, match="slot 0 is not in use"):
-        pool.free(slot)
+        bm.give_slot(slot)
 
 
-def test_slot_reuse_starts_from_zero_state(model):
-    pool = StatePool(model.config, 1, 8, "cpu", torch.float32)
-    s = pool.alloc()
-    for t in pool.kda_state.values():
-        t.fill_(3.0)
-    pool.free(s)
-    assert pool.alloc() == s and all(float(t.abs().sum()) == 0 for t in pool.kda_state.values())
+def test_slot_and_block_reuse_start_from_zero(model):
+    from kernelgate.engine.block_manager import BlockManager
+    cache = model.new_cache(2, 3, 4)
+    bm = BlockManager(3, 2, 4)
+    blocks = []
+    slot = bm.take_slot()
+    assert bm.grow(blocks, 9) and blocks == [0, 1, 2] and not bm.grow(blocks, 13)
+    bm.take_fresh()
+    for t in (*cache.kda_state.values(), *cache.conv_state.values(), *cache.mla_cache.values()):
+        t.fill_(float("nan"))
+    bm.release(blocks)
+    bm.give_slot(slot)
+    slot, again = bm.take_slot(), []
+    assert bm.grow(again, 5) and len(again) == 2
+    cache.clear(*bm.take_fresh())
+    left = ({0, 1, 2} - set(again)).pop()
+    assert all(float(t[slot].abs().sum()) == 0 for t in (*cache.kda_state.values(), *cache.conv_state.values()))
+    assert all(float(t[again].abs().sum()) == 0 and t[left].isnan().all() for t in cache.mla_cache.values())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelgate
-from kernelgate.engine import Request, SamplingParams, Scheduler, StepBatch, graphs
+from kernelgate.engine import Engine, SamplingParams, StepBatch, graphs
 from kernelgate.models import build, tiny
 from kernelgate.registry import FallbackWarning
 
@@ -43,7 +43,7 @@ def fake_graphs(monkeypatch):
         init(self, *a, **k)
         self.graph.owner = self
     monkeypatch.setattr(graphs._Captured, "__init__", hooked)
-    monkeypatch.setattr(kernelgate.engine.scheduler, "graph_api", graphs.graph_api)
+    monkeypatch.setattr(kernelgate.engine.model_runner, "graph_api", graphs.graph_api)
 
 
 def _prompts(n=5, seed=3):
@@ -52,49 +52,48 @@ def _prompts(n=5, seed=3):
 
 
 def _decode_logits(model, prompts, steps, graphs_on):
-    sched = Scheduler(model, max_slots=len(prompts), max_len=160, graphs=graphs_on)
-    reqs = [sched.add(Request(p, SamplingParams(max_new_tokens=steps + 1))) for p in prompts]
-    sched.step()                                  # prefill
-    seen = []
-    orig = sched.model.step
-    sched.model.step = lambda *a: seen.append(orig(*a).clone()) or seen[-1]
-    try:
-        while not sched.idle:
-            sched.step()
-    finally:
-        del sched.model.step
-    return sched, [r.output for r in reqs]
+    eng = Engine(model, max_num_seqs=len(prompts), max_model_len=160, graphs=graphs_on)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, SamplingParams(max_new_tokens=steps + 1))
+    got = {str(i): [] for i in range(len(prompts))}
+    while eng.has_unfinished():
+        for o in eng.step():
+            got[o.request_id] += o.new_token_ids
+    return eng.runner, [got[str(i)] for i in range(len(prompts))]
 
 
 def test_graph_decode_equals_eager(model, fake_graphs):
     prompts = _prompts()
-    eager_sched, eager = _decode_logits(model, prompts, 6, graphs_on=False)
-    sched, got = _decode_logits(model, prompts, 6, graphs_on=True)
-    assert eager_sched.graphs is None and sched.graphs is not None
+    eager_runner, eager = _decode_logits(model, prompts, 6, graphs_on=False)
+    runner, got = _decode_logits(model, prompts, 6, graphs_on=True)
+    assert eager_runner.graphs is None and runner.graphs is not None
     assert got == eager
-    # 5 sequences -> one bucket of 8 rows; contexts < 128 -> one context bucket
-    assert set(sched.graphs.graphs) == {(8, 128)}
-    assert sched.pool.num_slots == len(prompts) + 1 and sched.graphs.scratch not in sched.pool._free   # reserved
+    # 5 sequences -> one bucket of 8 rows; contexts < 128 -> one context bucket of 2 blocks of 64
+    assert set(runner.graphs.graphs) == {(8, 128)}
+    # the padding rows' scratch slot and block lie outside what the block manager hands out
+    assert runner.scratch == (len(prompts), runner.capacity.num_blocks)
+    assert runner.cache.num_slots == len(prompts) + 1 and runner.cache.num_blocks == runner.capacity.num_blocks + 1
 
 
 def test_padded_bucketed_step_matches_exact_step(model):
-    """The invariants graphs rely on: padding rows in a scratch slot and a longer masked context
-    change nothing for the real rows (logits equal to fp32 rounding)."""
-    pool = model.new_pool(4, 64)
-    slots = [pool.alloc() for _ in range(3)]
-    scratch = pool.reserve()
+    """The invariants graphs rely on: padding rows in a scratch slot / block and a wider block
+    table change nothing for the real rows (logits equal to fp32 rounding)."""
+    bs = 8
+    cache = model.new_cache(4, 12, bs)
+    slots, scratch = [0, 1, 2], (3, 11)
     prompts = _prompts(3, seed=9)
-    pre = StepBatch.build([len(p) for p in prompts], slots, [0] * 3, "cpu")
-    model.step(torch.tensor([t for p in prompts for t in p]), pre, pool)
-    state = [*pool.mla_cache.values(), *pool.kda_state.values(), *pool.conv_state.values()]
+    tables = [[5, 2, 7], [0, 9, 1], [3, 4, 6]]           # shuffled blocks, 24 positions each
+    pre = StepBatch.build([len(p) for p in prompts], slots, [0] * 3, "cpu", tables, bs)
+    model.step(torch.tensor([t for p in prompts for t in p]), pre, cache)
+    state = [*cache.mla_cache.values(), *cache.kda_state.values(), *cache.conv_state.values()]
     snap = [t.clone() for t in state]
     starts = [len(p) for p in prompts]
-    exact = model.step(torch.tensor([5, 6, 7]), StepBatch.build([1] * 3, slots, starts, "cpu"), pool)
+    exact = model.step(torch.tensor([5, 6, 7]), StepBatch.build([1] * 3, slots, starts, "cpu", tables, bs), cache)
     for t, saved in zip(state, snap):
         t.copy_(saved)
-    padded = StepBatch.build([1] * 4, slots + [scratch], starts + [0], "cpu")
-    padded.context_len = 64                       # the bucket: attention reads more, masked
-    got = model.step(torch.tensor([5, 6, 7, 0]), padded, pool)
+    wide = [t + [10] for t in tables] + [[scratch[1]] * 4]   # one more (unused) block per row + padding row
+    padded = StepBatch.build([1] * 4, slots + [scratch[0]], starts + [0], "cpu", wide, bs)
+    got = model.step(torch.tensor([5, 6, 7, 0]), padded, cache)
     torch.testing.assert_close(got[:3], exact, rtol=1e-5, atol=1e-5)
 
 

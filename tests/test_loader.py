@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 import kernelgate
 from kernelgate import KernelgateError
 from kernelgate.models import KimiLinearConfig
-from helpers.kimi_hf import tiny_hf_model
+from helpers.kimi_hf import TINY, hf_kimi_module, tiny_hf_model
 
 # The fields of a released Kimi-Linear config.json (48B-A3B), with 1-indexed layer lists.
 RELEASED = {
@@ -113,3 +113,53 @@ def test_dtype_argument(ckpt):
         kernelgate.load_model(ckpt, dtype="int8")
     m = kernelgate.load_model(ckpt, dtype=torch.float16)
     assert m.dtype == torch.float16 and m.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float16
+
+
+_CHILD = r"""
+import json, sys, torch
+import kernelgate, kernelgate.models, kernelgate.ops
+kernelgate.models.build(kernelgate.models.tiny(), seed=None)   # lazy imports (meta init: ~170 MB) first
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+before = rss("VmRSS:")
+m = kernelgate.load_model(sys.argv[1])
+weights = sum(p.numel() * p.element_size() for p in m.parameters())
+print(json.dumps({"before": before, "peak": rss("VmHWM:"), "weights": weights}))
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs /proc")
+def test_host_memory_stays_at_weights_plus_one_tensor(tmp_path):
+    """A ~55 MB checkpoint written by HF save_pretrained (per-expert tensors of 256 KB), loaded on
+    the CPU in a child process: its resident memory grows by the model's own weights plus at most
+    the largest tensor and 24 MiB (no mmap of the files, no fp32 or stacked copies on the host)."""
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+    from transformers import KimiLinearConfig as HFConfig
+    with torch.device("meta"):   # HF's own weight init is slow and beside the point here
+        hf = hf_kimi_module().KimiLinearForCausalLM(HFConfig(**{
+            **TINY, "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
+            "num_local_experts": 32}))
+    hf = hf.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in (*hf.parameters(), *hf.buffers()):
+            p.normal_() if p.is_floating_point() else p.zero_()
+    hf.save_pretrained(tmp_path, max_shard_size="20MB")
+    largest, total = 0, 0
+    for f in tmp_path.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                s = h.get_slice(k)
+                n = torch.Size(s.get_shape()).numel() * 4
+                largest, total = max(largest, n), total + n
+    del hf
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path)], capture_output=True, text=True,
+                         cwd=str(__import__("pathlib").Path(kernelgate.__file__).parents[1]), check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert total > 45e6 and r["weights"] > 0.95 * total
+    grew = r["peak"] - r["before"]
+    assert grew <= r["weights"] + largest + (24 << 20), (grew, r, largest)

@@ -2,18 +2,30 @@
 `kernelgate run`, the async engine under `kernelgate serve`); nothing else calls the model.
 
     engine = Engine(model, max_num_seqs=16)
+    print(engine.capacity.report())    # tokens of cache, sequences, bytes
     engine.add_request("r0", prompt_ids, SamplingParams(...))
     while engine.has_unfinished():
         for out in engine.step():      # RequestOutput: the tokens each request gained this step
             ...
+
+The scheduler (engine/scheduler.py) picks the tokens of each step; the model runner
+(engine/model_runner.py) runs them and samples; the block manager tracks cache ownership.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+import torch
+
 from ..platform import KernelgateError
-from .sampling import SamplingParams
+from .block_manager import BlockManager
+from .checks import check_engine_args, check_prompt
+from .model_runner import ModelRunner
+from .sampling import SamplingParams, make_generator
 from .scheduler import Request, Scheduler
+
+log = logging.getLogger("kernelgate.engine")
 
 
 @dataclass
@@ -27,23 +39,57 @@ class RequestOutput:
     error: str | None = None       # why, when finish_reason == "error"
 
 
+@dataclass
+class StepStats:
+    kind: str                      # "prefill" | "decode" | "mixed" (prefill chunks and decodes)
+    tokens: int                    # tokens fed to the model
+    seqs: int
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preempted: int = 0             # requests sent back to the queue in this step
+
+
 class Engine:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 4096,
                  max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9,
                  block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True):
         """The knobs have vLLM's names and meanings: sequences in flight, longest prompt + output,
         tokens per step, share of device memory to use, MLA cache block size and a pinned count."""
+        check_engine_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                          num_cache_blocks=num_cache_blocks, graphs=graphs)
         self.model = model
-        self.scheduler = Scheduler(model, max_slots=max_num_seqs, max_len=max_model_len,
-                                   max_prefill_tokens=max_num_batched_tokens, graphs=graphs)
+        self.runner = ModelRunner(model, max_num_seqs, max_model_len, max_num_batched_tokens,
+                                  gpu_memory_utilization, block_size, num_cache_blocks, graphs)
+        self.capacity = self.runner.capacity
+        self.blocks = BlockManager(self.capacity.num_blocks, self.capacity.num_slots, block_size)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.requests: dict[str, Request] = {}
         self._sent: dict[str, int] = {}
-        self.last_step = None      # StepStats of the latest step (kind, tokens, seqs)
+        self.last_step: StepStats | None = None
+        log.info("kernelgate: %s", self.capacity.report())
 
-    def add_request(self, request_id: str, prompt_ids: list, params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_ids, params: SamplingParams) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise KernelgateError(f"engine: request_id must be a non-empty str, got {request_id!r}")
         if request_id in self.requests:
             raise KernelgateError(f"engine: request id {request_id!r} is already running")
-        req = Request(list(prompt_ids), params)
+        if not isinstance(params, SamplingParams):
+            raise KernelgateError(f"engine: params must be a SamplingParams, got {type(params).__name__}")
+        prompt = check_prompt(prompt_ids, self.model.config.vocab_size, f"request {request_id!r}")
+        cap = self.capacity
+        need = len(prompt) + params.max_new_tokens
+        if need > cap.max_model_len:
+            raise KernelgateError(f"engine: request {request_id!r}: prompt ({len(prompt)}) + max_new_tokens "
+                                  f"({params.max_new_tokens}) = {need} exceeds max_model_len {cap.max_model_len}")
+        blocks = self.blocks.blocks_for(need)
+        if blocks > cap.num_blocks:
+            raise KernelgateError(f"engine: request {request_id!r} needs {blocks} cache blocks of {cap.block_size} "
+                                  f"tokens ({need} tokens) but the cache holds {cap.num_blocks}: raise "
+                                  "num_cache_blocks / gpu_memory_utilization or shorten the request")
+        req = Request(request_id, prompt, params)
+        req.generator = make_generator(params.seed, self.model.device)
         self.scheduler.add(req)
         self.requests[request_id] = req
         self._sent[request_id] = 0
@@ -53,17 +99,10 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.done:
             return
-        if req in self.scheduler.waiting:
-            self.scheduler.waiting.remove(req)
-        if req in self.scheduler.running:
-            self.scheduler.running.remove(req)
-        if req.slot is not None:
-            self.scheduler.pool.free(req.slot)
-            req.slot = None
-        req.finish_reason = "abort"
+        self.scheduler.finish(req, "abort")
 
     def has_unfinished(self) -> bool:
-        return not self.scheduler.idle
+        return bool(self.requests)
 
     @property
     def num_running(self) -> int:
@@ -75,20 +114,39 @@ class Engine:
 
     @property
     def cache_usage(self) -> float:
-        """Share of the cache (state slots / latent blocks) in use, 0..1."""
-        pool = self.scheduler.pool
-        return 1.0 - pool.free_slots / pool.num_slots
+        """Share of the MLA cache blocks in use, 0..1 (state slots when the model has no MLA layer)."""
+        b = self.blocks
+        if b.num_blocks and self.capacity.block_bytes:
+            return 1.0 - b.free_blocks / b.num_blocks
+        return 1.0 - b.free_slots / b.num_slots
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; an output for every request that gained tokens or finished."""
-        self.last_step = self.scheduler.step()
+        """Run one step; an output for every request that gained tokens or finished."""
+        out = self.scheduler.schedule()
+        if not out.seqs and self.scheduler.waiting and not self.scheduler.running:
+            raise KernelgateError("engine: internal: a waiting request cannot be scheduled on an idle engine")
+        if out.seqs:
+            pre = sum(s.n for s in out.seqs if not (s.n == 1 and s.start > 0 and s.samples))
+            dec = out.num_tokens - pre
+            sampled = self.runner.execute(out.seqs, self.blocks.take_fresh())
+            self.scheduler.update(out, sampled)
+            kind = "mixed" if pre and dec else ("prefill" if pre else "decode")
+            self.last_step = StepStats(kind, out.num_tokens, len(out.seqs), pre, dec, len(out.preempted))
+        else:
+            self.last_step = None
         outs = []
         for rid, req in list(self.requests.items()):
             sent = self._sent[rid]
             if len(req.output) > sent or req.done:
                 outs.append(RequestOutput(rid, req.output[sent:], req.done, req.finish_reason,
-                                          len(req.prompt), len(req.output)))
+                                          len(req.prompt), len(req.output), req.error))
                 self._sent[rid] = len(req.output)
             if req.done:
                 del self.requests[rid], self._sent[rid]
         return outs
+
+    def close(self) -> None:
+        """Drop the cache and graphs (device memory back to the allocator)."""
+        self.runner = None
+        if self.model.device.type != "cpu":
+            getattr(torch, self.model.device.type).empty_cache()

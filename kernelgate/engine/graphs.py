@@ -6,11 +6,11 @@ device (`torch.<device>.graph`: CUDA and ROCm today), the engine captures the wh
 step once per shape and replays it:
 
 - batch bucket: the number of sequences rounded up to a power of two; the padding rows
-  decode token 0 into a reserved scratch slot of the state pool, so real slots are never
-  touched by them;
-- context bucket: `StepBatch.context_len` (how many cache positions attention reads)
-  rounded up to a power of two >= 128, capped at the pool's max_len; positions past a
-  sequence's own length are masked, so the result does not depend on the bucket.
+  decode token 0 into a reserved scratch state slot and scratch cache block, so real slots
+  and blocks are never touched by them;
+- context bucket: the block table's width (how many cache positions attention may read)
+  rounded up to a power of two >= 128 positions, capped at max_model_len; positions past a
+  sequence's own length are never read, so the result does not depend on the bucket.
 
 Inputs live in static device buffers, refreshed before each replay by one non-blocking
 upload; the logits come back in a static buffer that the caller consumes before the next
@@ -30,7 +30,7 @@ import torch
 
 from .. import alloc
 from ..registry import FallbackWarning
-from .batch import StepBatch
+from ..models.batch import StepBatch
 
 MIN_CONTEXT = 128
 
@@ -66,31 +66,42 @@ def _pow2(n: int) -> int:
 
 
 class _Captured:
-    def __init__(self, model, pool, nb: int, ctx: int, scratch: int, mempool, api):
+    def __init__(self, model, cache, nb: int, width: int, scratch: tuple, mempool, api):
         cls, capture, _ = api
         dev = model.device
-        self.nb = nb
+        self.nb, self.width, self.scratch = nb, width, scratch
+        self.bs = bs = cache.block_size
         self.tokens = torch.zeros(nb, dtype=torch.long, device=dev)
-        self.meta = torch.zeros(3 * nb + 1, dtype=torch.int32, device=dev)   # cu | slots | starts
-        cu, slots, starts = self.meta.split([nb + 1, nb, nb])
-        cu.copy_(torch.arange(nb + 1, dtype=torch.int32))
-        slots.fill_(scratch)
+        # cu | slots | starts | seq_lens | slot_mapping | block_table
+        self.meta = torch.zeros(5 * nb + 1 + nb * width, dtype=torch.int32, device=dev)
+        self.meta.copy_(self._host([], [], []))
+        cu, slots, starts, lens, mapping, table = self.meta.split([nb + 1, nb, nb, nb, nb, nb * width])
         self.batch = StepBatch(cu_seqlens=cu, slots=slots, starts=[0] * nb, lengths=[1] * nb, decode=True,
-                               starts_dev=starts, context_len=ctx)
-        self.run = lambda: model.step(self.tokens, self.batch, pool)
+                               starts_dev=starts, context_len=width * bs, seq_lens=lens,
+                               block_table=table.view(nb, width), slot_mapping=mapping, block_size=bs)
+        self.run = lambda: model.step(self.tokens, self.batch, cache)
         self.run()                            # warm-up: lazy inits, autotuning, dispatch caches
         _without_host_syncs(dev, self.run)    # an op that syncs every step cannot be captured
         self.graph = cls()
         with capture(self.graph, pool=mempool):
             self.logits = self.run()
 
-    def replay(self, tokens: list, slots: list, starts: list, scratch: int) -> torch.Tensor:
+    def _host(self, slots: list, starts: list, tables: list) -> torch.Tensor:
+        """Host metadata; padding rows decode into the scratch slot / block (position 0)."""
+        nb, width = self.nb, self.width
+        slot0, block0 = self.scratch
+        pad = nb - len(slots)
+        bs = self.bs
+        mapping = [t[s // bs] * bs + s % bs for t, s in zip(tables, starts)] + [block0 * bs] * pad
+        flat = [b for t in tables for b in list(t) + [block0] * (width - len(t))] + [block0] * (width * pad)
+        return torch.tensor(list(range(nb + 1)) + list(slots) + [slot0] * pad + list(starts) + [0] * pad
+                            + [s + 1 for s in starts] + [1] * pad + mapping + flat, dtype=torch.int32)
+
+    def replay(self, tokens: list, slots: list, starts: list, tables: list) -> torch.Tensor:
         n, pad = len(tokens), self.nb - len(tokens)
         host_tok = torch.tensor(tokens + [0] * pad, dtype=torch.long)
-        host_meta = torch.tensor(list(range(self.nb + 1)) + list(slots) + [scratch] * pad + list(starts) + [0] * pad,
-                                 dtype=torch.int32)
         self.tokens.copy_(alloc.upload(host_tok, self.tokens.device), non_blocking=True)
-        self.meta.copy_(alloc.upload(host_meta, self.meta.device), non_blocking=True)
+        self.meta.copy_(alloc.upload(self._host(slots, starts, tables), self.meta.device), non_blocking=True)
         self.graph.replay()
         return self.logits[:n]
 
@@ -98,8 +109,10 @@ class _Captured:
 class DecodeGraphs:
     """Decode through captured graphs; `run` returns None where the caller must decode eagerly."""
 
-    def __init__(self, model, pool, scratch: int):
-        self.model, self.pool, self.scratch = model, pool, scratch
+    def __init__(self, model, cache, scratch: tuple, max_model_len: int):
+        """scratch: (slot, block) reserved for the padding rows."""
+        self.model, self.cache, self.scratch = model, cache, scratch
+        self.max_blocks = -(-max_model_len // cache.block_size)
         self.api, self.reason = graph_api(model.device)
         self.mempool = self.api[2]() if self.api else None
         self.graphs: dict = {}
@@ -108,20 +121,21 @@ class DecodeGraphs:
     def enabled(self) -> bool:
         return self.api is not None
 
-    def run(self, tokens: list, slots: list, starts: list):
+    def run(self, tokens: list, slots: list, starts: list, tables: list):
         if self.api is None:
             return None
-        n = len(tokens)
-        nb = _pow2(n)
-        ctx = min(max(MIN_CONTEXT, _pow2(max(starts) + 1)), self.pool.max_len)
-        key = (nb, ctx)
+        bs = self.cache.block_size
+        nb = _pow2(len(tokens))
+        ctx = max(MIN_CONTEXT, _pow2(max(starts) + 1))
+        width = min(-(-ctx // bs), self.max_blocks)
+        key = (nb, width * bs)
         if key not in self.graphs:
             try:
-                self.graphs[key] = _Captured(self.model, self.pool, nb, ctx, self.scratch, self.mempool, self.api)
+                self.graphs[key] = _Captured(self.model, self.cache, nb, width, self.scratch, self.mempool, self.api)
             except Exception as e:  # noqa: BLE001 - report once, decode eagerly from now on
                 self.api, self.reason = None, f"capture failed ({type(e).__name__}: {str(e)[:160]})"
                 self.graphs.clear()
                 warnings.warn(f"kernelgate: decode graphs off, eager decode: {self.reason}", FallbackWarning,
                               stacklevel=3)
                 return None
-        return self.graphs[key].replay(tokens, slots, starts, self.scratch)
+        return self.graphs[key].replay(tokens, slots, starts, tables)

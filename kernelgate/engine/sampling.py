@@ -22,14 +22,19 @@ class SamplingParams:
     stop_token_ids: tuple = field(default_factory=tuple)
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise KernelgateError(f"generate: max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise KernelgateError(f"generate: temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise KernelgateError(f"generate: top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise KernelgateError(f"generate: top_p must be in (0, 1], got {self.top_p}")
+        from .checks import is_int, require_int, require_number
+        w = "generate"
+        require_int(w, "max_new_tokens", self.max_new_tokens, lo=1)
+        require_number(w, "temperature", self.temperature, lo=0.0)
+        require_int(w, "top_k", self.top_k, lo=0)
+        if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0.0 < self.top_p <= 1.0):
+            raise KernelgateError(f"generate: top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None:
+            require_int(w, "seed", self.seed, lo=0, hi=2**64 - 1)
+        stops = self.stop_token_ids
+        if not isinstance(stops, (list, tuple, set, frozenset)) or not all(is_int(t) for t in stops):
+            raise KernelgateError(f"generate: stop_token_ids must be a list of int token ids, got {stops!r}")
+        self.stop_token_ids = tuple(int(t) for t in stops)
 
     @property
     def greedy(self) -> bool:
@@ -52,10 +57,12 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
-    """logits [N, V] fp32, one row per request -> N token ids."""
-    out = logits.argmax(dim=-1).tolist()
+    """logits [N, V] fp32, one row per request -> N token ids; -1 for a row with a non-finite
+    logit (NaN / inf: the caller ends that request with an error, never token 0)."""
+    finite = torch.isfinite(logits).all(dim=-1)
+    out = torch.where(finite, logits.argmax(dim=-1), -1).tolist()     # one host sync for both
     for i, p in enumerate(params):
-        if p.greedy:
+        if p.greedy or out[i] < 0:
             continue
         probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
         out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())

@@ -1,9 +1,17 @@
-"""Continuous batching over a fixed pool of state slots.
+"""Continuous batching with a token budget per step, chunked prefill and preemption.
 
-Each `step()` either prefills newly admitted requests (one varlen batch: prompts packed,
-`cu_seqlens` + slot indices) or, when none are waiting for a slot, decodes one token for
-every running request (batched). Requests join whenever a slot is free and leave as soon
-as they hit a stop token or their token budget; their slot is reused by the next one.
+Every request is a token list (prompt, then its outputs) of which `num_computed` are in the
+cache. Each step gives each running request, oldest first, the tokens it still needs -- one
+for a decode, the rest of its prompt (or a chunk of it) for a prefill -- until the step's
+budget (`max_num_batched_tokens`) is spent; then waiting requests join while the budget, a
+state slot and enough cache blocks for their first chunk are there. A long prompt is thus
+prefilled over several steps, each chunk attending to its cached prefix, side by side with
+the other requests' decodes. A request whose chunk reaches the end of its tokens samples one.
+
+When a running request needs a block and none is free, the newest running request is
+preempted: its blocks and slot are freed, and it waits at the head of the queue to be
+recomputed from its prompt + outputs (its sampling generator keeps its state, so its tokens
+are those of an uninterrupted run). Nothing is lost; the oldest request always progresses.
 """
 from __future__ import annotations
 
@@ -11,111 +19,146 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
+from .block_manager import BlockManager
+from .sampling import SamplingParams
 
-from .. import alloc
-from ..platform import KernelgateError
-from .batch import StepBatch
-from .graphs import DecodeGraphs, graph_api
-from .sampling import SamplingParams, make_generator, sample
-
-_ids = itertools.count()
+_order = itertools.count()
 
 
 @dataclass
 class Request:
+    request_id: str
     prompt: list
     params: SamplingParams
-    id: int = field(default_factory=lambda: next(_ids))
     output: list = field(default_factory=list)
-    finish_reason: str | None = None      # "stop" | "length"
+    finish_reason: str | None = None      # "stop" | "length" | "abort" | "error"
+    error: str | None = None
     slot: int | None = None
+    blocks: list = field(default_factory=list)
+    num_computed: int = 0                 # tokens whose state / latents are in the cache
     generator: object = None
+    num_preemptions: int = 0
+    order: int = field(default_factory=lambda: next(_order))
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
 
     @property
-    def cached(self) -> int:
-        """Tokens whose state is in the pool (prompt + all outputs but the newest)."""
-        return len(self.prompt) + max(len(self.output) - 1, 0)
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def tokens(self, a: int, b: int) -> list:
+        """Token ids at positions a..b-1 of prompt + output."""
+        P = len(self.prompt)
+        if b <= P:
+            return self.prompt[a:b]
+        return self.prompt[a:P] + self.output[max(a - P, 0):b - P]
 
 
 @dataclass
-class StepStats:
-    kind: str            # "prefill" | "decode"
-    tokens: int          # tokens fed to the model
-    seqs: int
+class Scheduled:
+    req: Request
+    start: int            # position of the first token fed this step (= tokens already cached)
+    n: int                # tokens fed this step
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.n == self.req.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list                                        # [Scheduled], running order
+    preempted: list = field(default_factory=list)     # requests sent back to the queue this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.n for s in self.seqs)
 
 
 class Scheduler:
-    def __init__(self, model, max_slots: int = 16, max_len: int = 4096, max_prefill_tokens: int = 8192,
-                 graphs: bool = True):
-        """graphs: decode through captured device graphs where the platform has them
-        (engine/graphs.py); the pool then keeps one extra slot as the padding rows' scratch."""
-        self.model = model
-        api, self.graphs_reason = graph_api(model.device) if graphs else (None, "graphs=False")
-        self.pool = model.new_pool(max_slots + (api is not None), max_len)
-        self.graphs = DecodeGraphs(model, self.pool, self.pool.reserve()) if api is not None else None
-        self.max_len, self.max_prefill_tokens = max_len, max_prefill_tokens
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+        self.blocks = blocks
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-
-    def add(self, req: Request) -> Request:
-        if not req.prompt:
-            raise KernelgateError(f"generate: request {req.id} has an empty prompt")
-        need = len(req.prompt) + req.params.max_new_tokens
-        if need > self.max_len:
-            raise KernelgateError(f"generate: prompt ({len(req.prompt)}) + max_new_tokens "
-                                  f"({req.params.max_new_tokens}) = {need} exceeds max_len {self.max_len}")
-        vocab = self.model.config.vocab_size
-        if min(req.prompt) < 0 or max(req.prompt) >= vocab:
-            raise KernelgateError(f"generate: request {req.id} has token ids outside [0, {vocab})")
-        self.waiting.append(req)
-        return req
+        self.running: list[Request] = []          # admission order: newest last
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
-    def step(self) -> StepStats | None:
-        admitted, budget = [], self.max_prefill_tokens
-        while self.waiting and self.pool.free_slots and (not admitted or len(self.waiting[0].prompt) <= budget):
-            req = self.waiting.popleft()
-            req.slot = self.pool.alloc()
-            req.generator = make_generator(req.params.seed, self.model.device)
-            budget -= len(req.prompt)
-            admitted.append(req)
-        if admitted:
-            return self._run(admitted, [r.prompt for r in admitted], "prefill")
-        if self.running:
-            return self._run(list(self.running), [[r.output[-1]] for r in self.running], "decode")
-        return None
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
 
-    def _run(self, reqs: list, inputs: list, kind: str) -> StepStats:
-        device = self.model.device
-        starts = [0] * len(reqs) if kind == "prefill" else [r.cached for r in reqs]
-        flat = [t for x in inputs for t in x]
-        logits = None
-        if kind == "decode" and self.graphs is not None:
-            logits = self.graphs.run(flat, [r.slot for r in reqs], starts)  # None: decode eagerly
-        if logits is None:
-            batch = StepBatch.build([len(x) for x in inputs], [r.slot for r in reqs], starts, device)
-            batch.decode = kind == "decode"
-            tokens = alloc.upload(torch.tensor(flat, dtype=torch.long), device)
-            logits = self.model.step(tokens, batch, self.pool)               # [N, V] fp32
-        new = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        if kind == "prefill":
-            self.running.extend(reqs)
-        for r, tok in zip(reqs, new):
-            r.output.append(tok)
-            if tok in r.params.stop_token_ids:
-                r.finish_reason = "stop"
-            elif len(r.output) >= r.params.max_new_tokens:
-                r.finish_reason = "length"
-            if r.done:
-                self.running.remove(r)
-                self.pool.free(r.slot)
-                r.slot = None
-        return StepStats(kind, len(flat), len(reqs))
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput([])
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not self.blocks.grow(req.blocks, req.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.slot is None:          # preempted itself: it was the newest, nothing follows
+                break
+            out.seqs.append(Scheduled(req, req.num_computed, n))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.max_num_seqs \
+                and self.blocks.free_slots:
+            req = self.waiting[0]
+            n = min(req.num_tokens, budget)
+            if not self.blocks.grow(req.blocks, n):
+                break                      # waits for blocks
+            self.waiting.popleft()
+            req.slot = self.blocks.take_slot()
+            self.running.append(req)
+            out.seqs.append(Scheduled(req, 0, n))
+            budget -= n
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)      # victims go newest first: the oldest ends up in front
+
+    def _release(self, req: Request) -> None:
+        self.blocks.release(req.blocks)
+        if req.slot is not None:
+            self.blocks.give_slot(req.slot)
+            req.slot = None
+
+    def update(self, out: SchedulerOutput, sampled: list) -> None:
+        """sampled[i]: the token for out.seqs[i] if it samples (None otherwise), or an error text."""
+        for s, tok in zip(out.seqs, sampled):
+            req = s.req
+            if req.done:                   # aborted while the step ran
+                continue
+            req.num_computed = s.start + s.n
+            if not s.samples:
+                continue
+            if isinstance(tok, str):
+                self.finish(req, "error", tok)
+                continue
+            req.output.append(tok)
+            if tok in req.params.stop_token_ids:
+                self.finish(req, "stop")
+            elif len(req.output) >= req.params.max_new_tokens or req.num_tokens >= self.max_model_len:
+                self.finish(req, "length")
+
+    def finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        """End `req` now (any state) and free what it holds."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.finish_reason, req.error = reason, error

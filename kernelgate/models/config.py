@@ -9,10 +9,25 @@ Layer kinds come from `layer_types` (HF) or `linear_attn_config.kda_layers` /
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..platform import KernelgateError
+
+SCORINGS = ("sigmoid", "softmax", "sqrtsoftplus")   # what ops.biased_grouped_topk computes
+_POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "linear_num_heads",
+                  "linear_head_dim", "conv_kernel_size", "num_experts", "num_experts_per_token", "n_group",
+                  "topk_group")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 # (our field, names it may have in config.json, first found wins)
 _ALIASES = {
@@ -63,6 +78,7 @@ class KimiLinearConfig:
     dtype: str | None = None               # dtype the checkpoint was saved in
 
     def __post_init__(self):
+        self._check_types()
         n = self.num_hidden_layers
         if not self.layer_types:   # Kimi Linear's 3:1 pattern, MLA every 4th layer
             self.layer_types = ["mla" if (i + 1) % 4 == 0 else "kda" for i in range(n)]
@@ -76,6 +92,53 @@ class KimiLinearConfig:
             raise KernelgateError(f"config: mlp_types must be {n} entries of 'dense'/'moe', got {self.mlp_types}")
         if self.num_experts % self.n_group:
             raise KernelgateError(f"config: num_experts {self.num_experts} not divisible by n_group {self.n_group}")
+        # values that would otherwise fail only at an op's first call
+        if self.num_experts_per_token > self.num_experts:
+            raise KernelgateError(f"config: num_experts_per_token {self.num_experts_per_token} > num_experts "
+                                  f"{self.num_experts}")
+        if self.topk_group > self.n_group:
+            raise KernelgateError(f"config: topk_group {self.topk_group} > n_group {self.n_group}")
+        if self.num_experts_per_token > self.topk_group * (self.num_experts // self.n_group):
+            raise KernelgateError(f"config: num_experts_per_token {self.num_experts_per_token} > the "
+                                  f"{self.topk_group * (self.num_experts // self.n_group)} experts of topk_group "
+                                  f"{self.topk_group} groups")
+        if self.scoring not in SCORINGS:
+            raise KernelgateError(f"config: moe_router_activation_func {self.scoring!r} not in {SCORINGS}")
+        if self.hidden_act != "silu":
+            raise KernelgateError(f"config: hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+        if self.conv_kernel_size < 2:
+            raise KernelgateError(f"config: short_conv_kernel_size must be >= 2, got {self.conv_kernel_size}")
+        bad = [t for t in self.eos_token_ids if not _is_int(t) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise KernelgateError(f"config: eos_token_id must be int token ids in [0, {self.vocab_size}), "
+                                  f"got {self.eos_token_ids!r}")
+
+    def _check_types(self) -> None:
+        for name in _POSITIVE_INTS:
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise KernelgateError(f"config: {name} must be a positive int, got {type(v).__name__} {v!r}")
+        for name in ("qk_rope_head_dim", "num_shared_experts"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise KernelgateError(f"config: {name} must be an int >= 0, got {type(v).__name__} {v!r}")
+        if self.q_lora_rank is not None and (not _is_int(self.q_lora_rank) or self.q_lora_rank < 1):
+            raise KernelgateError(f"config: q_lora_rank must be null or a positive int, got {self.q_lora_rank!r}")
+        for name in ("rms_norm_eps", "routed_scaling_factor"):
+            v = getattr(self, name)
+            if not _is_number(v) or not math.isfinite(v) or v <= 0:
+                raise KernelgateError(f"config: {name} must be a positive number, got {type(v).__name__} {v!r}")
+        for name in ("tie_word_embeddings", "moe_renormalize"):
+            if not isinstance(getattr(self, name), bool):
+                raise KernelgateError(f"config: {name} must be true / false, got {getattr(self, name)!r}")
+        for name in ("hidden_act", "scoring"):
+            if not isinstance(getattr(self, name), str):
+                raise KernelgateError(f"config: {name} must be a string, got {getattr(self, name)!r}")
+        if self.bos_token_id is not None and not _is_int(self.bos_token_id):
+            raise KernelgateError(f"config: bos_token_id must be an int, got {self.bos_token_id!r}")
+        if not isinstance(self.layer_types, list) or not isinstance(self.mlp_types, list) \
+                or not isinstance(self.eos_token_ids, list):
+            raise KernelgateError("config: layer_types, mlp_types and eos_token_ids must be lists")
 
     @property
     def qk_head_dim(self) -> int:
@@ -83,6 +146,8 @@ class KimiLinearConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "KimiLinearConfig":
+        if not isinstance(d, dict):
+            raise KernelgateError(f"config: config.json must hold a JSON object, got {type(d).__name__}")
         kw = {}
         for name in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                      "num_hidden_layers", "rms_norm_eps", "hidden_act", "tie_word_embeddings",
@@ -97,29 +162,41 @@ class KimiLinearConfig:
                     kw[ours] = d[nm]
                     break
         n = kw.get("num_hidden_layers", cls.num_hidden_layers)
+        if not _is_int(n) or n < 1:
+            raise KernelgateError(f"config: num_hidden_layers must be a positive int, got {type(n).__name__} {n!r}")
         lin = d.get("linear_attn_config") or {}
+        if not isinstance(lin, dict):
+            raise KernelgateError(f"config: linear_attn_config must be an object, got {lin!r}")
         kw["linear_num_heads"] = lin.get("num_heads", d.get("linear_num_heads", cls.linear_num_heads))
         kw["linear_head_dim"] = lin.get("head_dim", d.get("linear_head_dim", cls.linear_head_dim))
         kw["conv_kernel_size"] = lin.get("short_conv_kernel_size",
                                          d.get("linear_conv_kernel_dim", cls.conv_kernel_size))
+        for name in ("layer_types", "mlp_layer_types"):
+            if d.get(name) is not None and not isinstance(d[name], list):
+                raise KernelgateError(f"config: {name} must be a list, got {d[name]!r}")
         if d.get("layer_types"):
             kw["layer_types"] = [{"linear_attention": "kda", "full_attention": "mla"}.get(t, t)
                                  for t in d["layer_types"]]
         elif "kda_layers" in lin and "full_attn_layers" in lin:
             types = [None] * n
-            for i in lin["kda_layers"]:   # 1-indexed in the checkpoint
-                types[i - 1] = "kda"
-            for i in lin["full_attn_layers"]:
-                types[i - 1] = "mla"
+            for key, kind in (("kda_layers", "kda"), ("full_attn_layers", "mla")):
+                for i in lin[key]:        # 1-indexed in the checkpoint
+                    if not _is_int(i) or not 1 <= i <= n:
+                        raise KernelgateError(f"config: linear_attn_config.{key} entry {i!r} is not a layer "
+                                              f"number in [1, {n}]")
+                    types[i - 1] = kind
             kw["layer_types"] = types
         if d.get("mlp_layer_types"):
             kw["mlp_types"] = [{"sparse": "moe"}.get(t, t) for t in d["mlp_layer_types"]]
         else:
             first_dense = d.get("first_k_dense_replace", 1)
             freq = d.get("moe_layer_freq", 1) or 1
+            for name, v in (("first_k_dense_replace", first_dense), ("moe_layer_freq", freq)):
+                if not _is_int(v) or v < 0:
+                    raise KernelgateError(f"config: {name} must be an int >= 0, got {type(v).__name__} {v!r}")
             kw["mlp_types"] = ["moe" if i >= first_dense and i % freq == 0 else "dense" for i in range(n)]
         eos = d.get("eos_token_id")
-        kw["eos_token_ids"] = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        kw["eos_token_ids"] = [] if eos is None else ([eos] if not isinstance(eos, list) else list(eos))
         kw["dtype"] = d.get("dtype") or d.get("torch_dtype")
         return cls(**kw)
 
@@ -130,7 +207,11 @@ class KimiLinearConfig:
             path = path / "config.json"
         if not path.exists():
             raise KernelgateError(f"load_model: no config.json at {path}")
-        return cls.from_dict(json.loads(path.read_text()))
+        try:
+            d = json.loads(path.read_text())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise KernelgateError(f"load_model: {path} is not JSON ({e})") from None
+        return cls.from_dict(d)
 
     def to_dict(self) -> dict:
         return asdict(self)

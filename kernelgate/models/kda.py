@@ -40,12 +40,13 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm.weight = _param(K)
         self.o_proj = nn.Linear(H * K, D, bias=False)
 
-    def forward(self, x: torch.Tensor, batch, pool) -> torch.Tensor:
-        """x [T, D] packed tokens of `batch`; state read from and written to `pool`."""
+    def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
+        """x [T, D] packed tokens of `batch`; states read from and written to `cache`'s slots
+        (a prefill chunk starts from the state the previous chunk left there)."""
         H, K = self.H, self.K
         T = x.shape[0]
-        conv_state = pool.conv_state[self.layer_idx]                # [S, 3HK, W-1]
-        state = pool.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
+        conv_state = cache.conv_state[self.layer_idx]                # [S, 3HK, W-1]
+        state = cache.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
         mixed = self.qkv_proj(x)                                    # [T, 3HK]
         f = self.f_b_proj(self.f_a_proj(x))                         # [T, HK] raw gate input
         b = self.b_proj(x)                                          # [T, H] beta logits

@@ -1,7 +1,7 @@
 """Kimi Linear: decoder of KDA and MLA layers (3:1) with dense-then-MoE MLPs.
 
-`model.step(tokens, batch, pool)` runs one engine step over a varlen batch (prefill or
-decode, states in a `StatePool`) and returns the logits of each sequence's last token;
+`model.step(tokens, batch, cache)` runs one engine step over a varlen batch (prefill chunks
+and / or decodes, states and latents in a `KVCache`) and returns the logits of each sequence's last token;
 `model(token_ids[B, T])` is a plain full-sequence forward returning logits [B, T, V].
 Built only from registry ops and plain torch: no platform branch here.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..engine.batch import StepBatch
-from ..engine.state import StatePool
+from .batch import StepBatch
+from .cache import KVCache
 from ..platform import KernelgateError
 from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
@@ -27,8 +27,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, h, batch, pool):
-        h = h + self.self_attn(self.input_layernorm(h), batch, pool)
+    def forward(self, h, batch, cache):
+        h = h + self.self_attn(self.input_layernorm(h), batch, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -57,20 +57,20 @@ class KimiLinearForCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_pool(self, num_slots: int, max_len: int) -> StatePool:
-        return StatePool(self.config, num_slots, max_len, self.device, self.dtype)
+    def new_cache(self, num_slots: int, num_blocks: int, block_size: int) -> KVCache:
+        return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype)
 
-    def hidden(self, tokens: torch.Tensor, batch: StepBatch, pool: StatePool) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """tokens [T] packed -> final normed hidden states [T, D]."""
         h = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            h = layer(h, batch, pool)
+            h = layer(h, batch, cache)
         return self.model.norm(h)
 
     @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, batch: StepBatch, pool: StatePool) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
-        h = self.hidden(tokens, batch, pool)
+        h = self.hidden(tokens, batch, cache)
         return self.lm_head(h[batch.last_token_index]).float()
 
     @torch.inference_mode()
@@ -81,54 +81,59 @@ class KimiLinearForCausalLM(nn.Module):
                                   f"got shape {tuple(token_ids.shape)}")
         B, T = token_ids.shape
         token_ids = token_ids.to(self.device)
-        pool = self.new_pool(B, T)
-        batch = StepBatch.build([T] * B, [pool.alloc() for _ in range(B)], [0] * B, self.device)
+        bs = 64
+        nb = -(-T // bs)
+        cache = self.new_cache(B, B * nb, bs)
+        tables = [list(range(i * nb, (i + 1) * nb)) for i in range(B)]
+        batch = StepBatch.build([T] * B, list(range(B)), [0] * B, self.device, tables, bs)
         if T == 1:   # a one-token forward is a prefill, not a decode step from existing state
             batch.decode = False
-        h = self.hidden(token_ids.reshape(-1), batch, pool)
+        h = self.hidden(token_ids.reshape(-1), batch, cache)
         return self.lm_head(h).view(B, T, -1)
 
 
 def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.02) -> KimiLinearForCausalLM:
-    """Seeded random weights shaped like a trained checkpoint (norms ~1, KDA decay in range)."""
-    g = torch.Generator().manual_seed(seed)
+    """Seeded random weights shaped like a trained checkpoint (norms ~1, KDA decay in range),
+    drawn in place on the model's device in each parameter's own dtype (fast at 48B)."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
     for name, p in model.named_parameters():
         if "norm" in name:
-            val = 1 + 0.1 * torch.randn(p.shape, generator=g)
+            p.normal_(1.0, 0.1, generator=g)
         elif name.endswith("A_log"):
-            val = torch.empty(p.shape).uniform_(1, 16, generator=g).log()
+            p.uniform_(1, 16, generator=g).log_()
         elif name.endswith("dt_bias"):
-            dt = torch.empty(p.shape).uniform_(-6.9, -2.3, generator=g).exp()
-            val = dt + torch.log(-torch.expm1(-dt))                  # inverse softplus
+            dt = p.uniform_(-6.9, -2.3, generator=g).exp_()
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))                 # inverse softplus
         elif name.endswith("e_score_correction_bias"):
-            val = 0.01 * torch.randn(p.shape, generator=g)
+            p.normal_(0.0, 0.01, generator=g)
         elif "conv1d" in name:
-            val = 0.3 * torch.randn(p.shape, generator=g)
+            p.normal_(0.0, 0.3, generator=g)
         else:
-            val = std * torch.randn(p.shape, generator=g)
-        p.copy_(val.to(p.dtype))
+            p.normal_(0.0, std, generator=g)
     return model
-
-
-def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0):
-    """A model with `config`; seeded random weights unless seed is None (then uninitialised)."""
-    with torch.device("meta"):
-        model = KimiLinearForCausalLM(config)
-    model = model.to_empty(device=device or "cpu")
-    _cast(model, dtype)
-    if seed is not None:
-        with torch.no_grad():
-            random_weights(model, seed)
-    return model.eval()
 
 
 FP32_PARAMS = ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")
 
 
-def _cast(model: nn.Module, dtype: torch.dtype) -> None:
-    """Model dtype everywhere except router / decay parameters, which stay fp32 (as trained)."""
-    for name, p in model.named_parameters():
-        want = torch.float32 if name.endswith(FP32_PARAMS) else dtype
-        if p.dtype != want:
-            p.data = p.data.to(want)
-
+def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0):
+    """A model with `config`; seeded random weights unless seed is None (then uninitialised).
+    Every parameter is allocated once, in its final dtype, on `device` (router / decay
+    parameters in fp32: FP32_PARAMS): no fp32 or host copy of the model is ever made."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
+    device = torch.device(device or "cpu")
+    with torch.device("meta"):
+        model = KimiLinearForCausalLM(config)
+    for mod_name, mod in model.named_modules():
+        for pname, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            want = torch.float32 if full.endswith(FP32_PARAMS) else dtype
+            mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=want, device=device),
+                                                  requires_grad=False)
+    if seed is not None:
+        with torch.no_grad():
+            random_weights(model, seed)
+    return model.eval()

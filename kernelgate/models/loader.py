@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from ..platform import KernelgateError, default_device
 from .config import KimiLinearConfig
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
+from .safetensors_file import SafetensorsFile, Stager, read_into
 
 _RENAMES = [(re.compile(r"\.block_sparse_moe\."), ".mlp."),
             (re.compile(r"\.self_attn\.forget_gate\."), ".self_attn.")]
@@ -43,100 +45,188 @@ class _Tensors:
     def __contains__(self, name):
         return name in self.where
 
-    def get(self, name) -> torch.Tensor:
-        return self.where[name]
+    def shape(self, name) -> tuple:
+        return tuple(self.where[name].shape)
+
+    def dtype(self, name) -> torch.dtype:
+        return self.where[name].dtype
+
+    def nbytes(self, name) -> int:
+        t = self.where[name]
+        return t.numel() * t.element_size()
+
+    def copy(self, name, dest: torch.Tensor, stager) -> None:
+        dest.copy_(self.where[name].reshape(dest.shape))
+
+    def close(self) -> None:
+        pass
 
 
 class _Checkpoint:
-    """Tensor names (normalised) -> lazily read tensors across safetensors files."""
+    """Tensor names (normalised) -> tensors across safetensors files, read on demand from the
+    headers' offsets (safetensors_file.py): nothing is held in host memory between tensors."""
 
     def __init__(self, folder: Path):
-        from safetensors import safe_open
         index = folder / "model.safetensors.index.json"
         if index.exists():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            files = _index_files(index)
         else:
             files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
             raise KernelgateError(f"load_model: no *.safetensors in {folder}")
-        self.where, self._handles = {}, []
+        self.where, self._handles = {}, {}
         for fname in files:
             path = folder / fname
             if not path.exists():
                 raise KernelgateError(f"load_model: shard {fname} listed in the index is missing from {folder}")
-            h = safe_open(str(path), framework="pt")
-            self._handles.append(h)
-            for key in h.keys():
-                self.where[_normalise(key)] = (h, key)
+            f = SafetensorsFile(path)
+            for key, info in f.tensors.items():
+                self.where[_normalise(key)] = (f, info)
 
     def __contains__(self, name):
         return name in self.where
 
-    def get(self, name) -> torch.Tensor:
-        h, key = self.where[name]
-        return h.get_tensor(key)
+    def shape(self, name) -> tuple:
+        return self.where[name][1].shape
+
+    def dtype(self, name) -> torch.dtype:
+        return self.where[name][1].dtype
+
+    def nbytes(self, name) -> int:
+        return self.where[name][1].nbytes
+
+    def copy(self, name, dest: torch.Tensor, stager) -> None:
+        f, info = self.where[name]
+        fh = self._handles.get(f.path)
+        if fh is None:
+            fh = self._handles[f.path] = open(f.path, "rb", buffering=0)
+        read_into(f, info, dest, stager, fh)
+
+    def close(self) -> None:
+        for fh in self._handles.values():
+            fh.close()
+        self._handles.clear()
 
 
-def _recipes(name: str, c: KimiLinearConfig):
-    """Ways to build parameter `name` from checkpoint tensors: [(sources, combine)], first match wins."""
-    W = c.conv_kernel_size
+def _index_files(index: Path) -> list:
+    try:
+        d = json.loads(index.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise KernelgateError(f"load_model: {index} is not JSON ({e})") from None
+    wm = d.get("weight_map") if isinstance(d, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise KernelgateError(f"load_model: {index} has no weight_map object (tensor name -> file name)")
+    return sorted(set(wm.values()))
+
+
+def _recipes(name: str, shape: tuple, c: KimiLinearConfig):
+    """Ways to fill parameter `name` (of `shape`) from checkpoint tensors, first match wins:
+    [[(source, destination slice of the parameter), ...], ...]; a slice is an index tuple."""
     if name.endswith("self_attn.qkv_proj.weight"):
-        base = name[: -len("qkv_proj.weight")]
-        return [([base + f"{x}_proj.weight" for x in "qkv"], lambda ts: torch.cat(ts, 0))]
+        base, C = name[: -len("qkv_proj.weight")], shape[0] // 3
+        return [[(base + f"{x}_proj.weight", (slice(i * C, (i + 1) * C),)) for i, x in enumerate("qkv")]]
     if name.endswith("self_attn.conv1d.weight"):
-        base = name[: -len("conv1d.weight")]
-        return [([name], lambda ts: ts[0].reshape(-1, W)),
-                ([base + f"{x}_conv1d.weight" for x in "qkv"], lambda ts: torch.cat(ts, 0).reshape(-1, W))]
-    if name.endswith("A_log"):
-        return [([name], lambda ts: ts[0].reshape(-1))]
+        base, C = name[: -len("conv1d.weight")], shape[0] // 3
+        return [[(name, ())],
+                [(base + f"{x}_conv1d.weight", (slice(i * C, (i + 1) * C),)) for i, x in enumerate("qkv")]]
     if name.endswith("experts.gate_up_proj"):
-        base = name[: -len("gate_up_proj")]
-        w13 = [base + f"{e}.w{i}.weight" for e in range(c.num_experts) for i in (1, 3)]
-        return [([name], lambda ts: ts[0]),
-                (w13, lambda ts: torch.stack([torch.cat(ts[i:i + 2], 0) for i in range(0, len(ts), 2)]))]
+        base, I = name[: -len("gate_up_proj")], shape[1] // 2
+        return [[(name, ())],
+                [(base + f"{e}.w{w}.weight", (e, slice(j * I, (j + 1) * I)))
+                 for e in range(c.num_experts) for j, w in enumerate((1, 3))]]
     if name.endswith("experts.down_proj"):
         base = name[: -len("down_proj")]
-        return [([name], lambda ts: ts[0]),
-                ([base + f"{e}.w2.weight" for e in range(c.num_experts)], torch.stack)]
+        return [[(name, ())], [(base + f"{e}.w2.weight", (e,)) for e in range(c.num_experts)]]
     if name.endswith("gate_up_proj.weight"):
-        base = name[: -len("gate_up_proj.weight")]
-        return [([base + "gate_proj.weight", base + "up_proj.weight"], lambda ts: torch.cat(ts, 0))]
+        base, I = name[: -len("gate_up_proj.weight")], shape[0] // 2
+        return [[(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
     if name == "lm_head.weight" and c.tie_word_embeddings:
-        return [([name], lambda ts: ts[0]), (["model.embed_tokens.weight"], lambda ts: ts[0])]
-    return [([name], lambda ts: ts[0])]
+        return [[(name, ())], [("model.embed_tokens.weight", ())]]
+    return [[(name, ())]]
 
 
-def load_weights(model: KimiLinearForCausalLM, source) -> None:
-    """Copy weights from a checkpoint folder, or from a dict of tensors in either layout."""
-    ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
-    folder = "tensors" if isinstance(source, dict) else source
-    used, missing, misshaped = set(), [], []
+def _fits(src: tuple, dst: tuple) -> bool:
+    """Same shape up to size-1 dims (conv [C, 1, W] -> [C, W], A_log [1, 1, H, 1] -> [H])."""
+    return tuple(d for d in src if d != 1) == tuple(d for d in dst if d != 1)
+
+
+def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
+    """Check every parameter against the checkpoint headers (nothing read yet) ->
+    [(param, [(source, slice)])]; every mismatch is reported together in one error."""
+    plan, used, missing, misshaped, wrong_dtype = [], set(), [], [], []
     for name, p in model.named_parameters():
-        recipes = _recipes(name, model.config)
-        found = next((r for r in recipes if all(s in ckpt for s in r[0])), None)
+        recipes = _recipes(name, tuple(p.shape), model.config)
+        found = next((r for r in recipes if all(s in ckpt for s, _ in r)), None)
         if found is None:
             # report against the layout the checkpoint is closest to; its present parts are not "unexpected"
-            best = max(recipes, key=lambda r: sum(s in ckpt for s in r[0]))
-            absent = [s for s in best[0] if s not in ckpt]
-            used.update(s for s in best[0] if s in ckpt)
-            missing.append(name if best[0] == [name] else f"{name} (needs {', '.join(absent[:8])}"
+            best = max(recipes, key=lambda r: sum(s in ckpt for s, _ in r))
+            absent = [s for s, _ in best if s not in ckpt]
+            used.update(s for s, _ in best if s in ckpt)
+            missing.append(name if [s for s, _ in best] == [name] else f"{name} (needs {', '.join(absent[:8])}"
                            + (f" and {len(absent) - 8} more" if len(absent) > 8 else "") + ")")
             continue
-        sources, combine = found
-        t = combine([ckpt.get(s) for s in sources])
-        used.update(sources)
-        if tuple(t.shape) != tuple(p.shape):
-            misshaped.append(f"{name}: checkpoint {tuple(t.shape)} != model {tuple(p.shape)}")
-            continue
-        p.copy_(t.to(device=p.device, dtype=p.dtype))
+        used.update(s for s, _ in found)
+        ok = True
+        for src, idx in found:
+            want = tuple(p[idx].shape) if idx else tuple(p.shape)
+            if not _fits(ckpt.shape(src), want):
+                where = "model" if src == name else f"model slice {list(idx) if idx else ''}".rstrip()
+                label = name if src == name else f"{name} <- {src}"
+                misshaped.append(f"{label}: checkpoint {ckpt.shape(src)} != {where} {want}")
+                ok = False
+            elif not ckpt.dtype(src).is_floating_point:
+                wrong_dtype.append(f"{src}: checkpoint {str(ckpt.dtype(src)).replace('torch.', '')} "
+                                   f"for a floating point parameter")
+                ok = False
+        if ok:
+            plan.append((p, found))
     unexpected = sorted(n for n in ckpt.where if n not in used and not _IGNORED.search(n))
-    if missing or unexpected or misshaped:
+    if missing or unexpected or misshaped or wrong_dtype:
         def lst(title, items):
             more = f" ... and {len(items) - 20} more" if len(items) > 20 else ""
             return f"\n  {title} ({len(items)}): " + "; ".join(items[:20]) + more if items else ""
-        raise KernelgateError(f"load_model: checkpoint {folder} does not match the Kimi Linear config"
-                              + lst("missing", missing) + lst("unexpected", unexpected)
-                              + lst("mis-shaped", misshaped))
+        raise KernelgateError(f"load_model: checkpoint {getattr(ckpt, 'folder', 'tensors')} does not match the "
+                              "Kimi Linear config" + lst("missing", missing) + lst("unexpected", unexpected)
+                              + lst("mis-shaped", misshaped) + lst("wrong dtype", wrong_dtype))
+    return plan
+
+
+def _progress(total: int):
+    """A rich progress bar over bytes on a terminal; (update(n), close())."""
+    if not sys.stderr.isatty():
+        return (lambda n: None), (lambda: None)
+    try:
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+    except ImportError:
+        return (lambda n: None), (lambda: None)
+    bar = Progress("[bold]loading weights", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), transient=True, console=Console(stderr=True))
+    task = bar.add_task("bytes", total=total)
+    bar.start()
+    return (lambda n: bar.update(task, advance=n)), bar.stop
+
+
+def load_weights(model: KimiLinearForCausalLM, source) -> None:
+    """Fill the model's parameters from a checkpoint folder, or a dict of tensors in either
+    layout, one source tensor at a time straight into its parameter (or slice of one)."""
+    ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
+    ckpt.folder = "tensors" if isinstance(source, dict) else source
+    try:
+        plan = _plan(model, ckpt)
+        update, close = _progress(sum(ckpt.nbytes(s) for _, srcs in plan for s, _ in srcs))
+        stager = Stager(model.device)
+        try:
+            for p, sources in plan:
+                for src, idx in sources:
+                    ckpt.copy(src, p[idx] if idx else p, stager)
+                    update(ckpt.nbytes(src))
+            stager.finish()
+        finally:
+            close()
+    finally:
+        ckpt.close()
 
 
 def _dtype(dtype, config: KimiLinearConfig) -> torch.dtype:

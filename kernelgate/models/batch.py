@@ -1,0 +1,72 @@
+"""What one model step sees: a varlen batch of sequences, each bound to a state slot and to
+the cache blocks that hold its MLA latents.
+
+Tokens of all sequences are packed along dim 0 (`cu_seqlens`, int32 [N+1]); sequence i owns
+KDA / conv state slot `slots[i]` and already has `starts[i]` tokens cached (its first new
+token sits at position `starts[i]`, `seq_lens[i] = starts[i] + lengths[i]`). Its latents live
+in the paged cache: position p at `cache[block_table[i, p // block_size], p % block_size]`;
+`slot_mapping[t]` is the flat cache row (`block * block_size + offset`) new token t writes.
+`decode` means every sequence brings exactly one token, which lets layers take their
+single-step kernels. The metadata goes to the device in one non-blocking upload; the `_cpu`
+fields are host copies, handed to ops as hints so that no op needs a device->host copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import alloc
+
+
+@dataclass
+class StepBatch:
+    cu_seqlens: torch.Tensor       # int32 [N+1] on the model device
+    slots: torch.Tensor            # int32 [N] on the model device
+    starts: list                   # [N] python ints: tokens already cached per sequence
+    lengths: list                  # [N] python ints: new tokens per sequence
+    decode: bool
+    cu_seqlens_cpu: torch.Tensor | None = None   # int32 [N+1] on the CPU, same values
+    slots_cpu: torch.Tensor | None = None        # int32 [N] on the CPU, same values
+    starts_dev: torch.Tensor | None = None       # int32 [N] on the model device: `starts`
+    context_len: int = 0                         # >= max(starts[i] + lengths[i])
+    seq_lens: torch.Tensor | None = None         # int32 [N] on the device: starts + lengths
+    seq_lens_cpu: torch.Tensor | None = None     # int32 [N] on the CPU
+    block_table: torch.Tensor | None = None      # int32 [N, max_blocks] on the device
+    slot_mapping: torch.Tensor | None = None     # int32 [T] on the device: flat cache row per new token
+    block_size: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def last_token_index(self) -> torch.Tensor:
+        """Row of each sequence's last new token in the packed [T, ...] layout."""
+        return (self.cu_seqlens[1:] - 1).long()
+
+    @classmethod
+    def build(cls, lengths: list, slots: list, starts: list, device, block_tables: list | None = None,
+              block_size: int = 0) -> "StepBatch":
+        """block_tables: per sequence, the list of its cache blocks (covering starts + lengths)."""
+        N = len(lengths)
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        seq_lens = [s + n for s, n in zip(starts, lengths)]
+        tables = block_tables or [[] for _ in range(N)]
+        width = max((len(t) for t in tables), default=0)
+        flat_table = [b for t in tables for b in list(t) + [0] * (width - len(t))]
+        mapping = []
+        if block_tables is not None:
+            for t, s, n in zip(tables, starts, lengths):
+                mapping.extend(t[p // block_size] * block_size + p % block_size for p in range(s, s + n))
+        sizes = [N + 1, N, N, N, N * width, len(mapping)]
+        host = torch.tensor(cu + list(slots) + list(starts) + seq_lens + flat_table + mapping, dtype=torch.int32)
+        cu_d, slots_d, starts_d, lens_d, table_d, map_d = alloc.upload(host, device).split(sizes)
+        cu_c, slots_c, _, lens_c, _, _ = host.split(sizes)
+        return cls(cu_seqlens=cu_d, slots=slots_d, starts=list(starts), lengths=list(lengths),
+                   decode=N > 0 and all(n == 1 for n in lengths), cu_seqlens_cpu=cu_c, slots_cpu=slots_c,
+                   starts_dev=starts_d, context_len=max(seq_lens, default=0), seq_lens=lens_d,
+                   seq_lens_cpu=lens_c, block_table=table_d.view(N, width), slot_mapping=map_d,
+                   block_size=block_size)
