@@ -65,6 +65,7 @@ class ParallelModel:
 
     def __init__(self, source, size: int, expert_parallel: bool = False, dtype=None):
         self._tmp = None
+        launch.check_world_size(size)
         if isinstance(source, (str, Path)):
             folder = Path(source)
             if not folder.is_dir():
@@ -76,6 +77,7 @@ class ParallelModel:
             self._tmp = tempfile.TemporaryDirectory(prefix="kernelgate-tp-")
             folder = save_checkpoint(source, self._tmp.name)
             dtype = dtype or source.dtype
+        launch.check_world_size(size)
         check_config(config, size, expert_parallel)       # before any process starts
         dt = _dtype(dtype, config)
         self.size, self.expert_parallel, self.config = size, expert_parallel, config

@@ -65,6 +65,9 @@ class Groups:
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast stays off
         self.rank, self.size, self.backend = rank, size, name
         self.device = rank_device(local_rank)
+        self._threads = torch.get_num_threads()
+        if self.device.type == "cpu":    # ranks share the host's cores: oversubscribed ranks stall in collectives
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
         kw = {"device_id": self.device} if self.device.type != "cpu" else {}
         if store is None:                # torchrun: its rendezvous (MASTER_ADDR / MASTER_PORT)
             kw["init_method"] = "env://"
@@ -89,5 +92,6 @@ class Groups:
         return out
 
     def close(self) -> None:
+        torch.set_num_threads(self._threads)
         if dist.is_initialized():
             dist.destroy_process_group()
