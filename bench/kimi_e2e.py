@@ -165,30 +165,39 @@ def failures(checks: dict, fp32_tol: float = 1e-3, bf16_factor: float = 2.0, bf1
                   if not checks[k]["rel_err"] <= bf16_factor * noise + bf16_floor]
 
 
+def _engine(model, batch: int, length: int, graphs: bool = True, budget: int = 1 << 30):
+    """An Engine with the cache pinned to what `batch` sequences of `length` tokens need (no
+    memory profile: these benchmarks time steps, not the sizing)."""
+    from kernelgate.engine import Engine
+    bs = 64
+    return Engine(model, max_num_seqs=batch, max_model_len=length, max_num_batched_tokens=budget,
+                  block_size=bs, num_cache_blocks=batch * -(-length // bs), graphs=graphs)
+
+
 def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
     """Relative error of one captured-graph decode step (5 sequences, padded to 8) against the
     same step run eagerly from the same state; None where the platform has no graphs."""
     import torch
 
-    from kernelgate.engine import Request, SamplingParams, Scheduler, StepBatch
+    from kernelgate.engine import SamplingParams, StepBatch
     from kernelgate.testing import rel_err
-    scheds = [Scheduler(model, max_slots=batch, max_len=prompt + 8, max_prefill_tokens=1 << 30, graphs=True)
-              for _ in range(2)]
-    if scheds[0].graphs is None:
+    engs = [_engine(model, batch, prompt + 8) for _ in range(2)]
+    if engs[0].runner.graphs is None:
         return None
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 1000, (prompt - i,), generator=g).tolist() for i in range(batch)]
-    for s in scheds:
-        for p in prompts:
-            s.add(Request(p, SamplingParams(max_new_tokens=4)))
-        s.step()
-    reqs = scheds[0].running
-    tokens, slots, starts = [r.output[-1] for r in reqs], [r.slot for r in reqs], [r.cached for r in reqs]
+    for e in engs:
+        for i, p in enumerate(prompts):
+            e.add_request(str(i), p, SamplingParams(max_new_tokens=4))
+        e.step()
+    reqs = engs[0].scheduler.running
+    tokens, slots = [r.output[-1] for r in reqs], [r.slot for r in reqs]
+    starts, tables = [r.num_computed for r in reqs], [list(r.blocks) for r in reqs]
     eager = model.step(torch.tensor(tokens, device=model.device),
-                       StepBatch.build([1] * batch, slots, starts, model.device), scheds[0].pool)
-    graph = scheds[1].graphs.run(tokens, slots, starts)
+                       StepBatch.build([1] * batch, slots, starts, model.device, tables, 64), engs[0].runner.cache)
+    graph = engs[1].runner.graphs.run(tokens, slots, starts, tables)
     if graph is None:
-        print(f"decode graphs unavailable: {scheds[1].graphs.reason}")
+        print(f"decode graphs unavailable: {engs[1].runner.graphs.reason}")
         return None
     return rel_err(graph.float(), eager.float())
 
@@ -199,6 +208,7 @@ def decode_floor(model, batch: int, context: int, gbps: float) -> float:
     the embedding table (one row per token), the experts the batch routes to (expected number
     of distinct ones when each token picks k of E uniformly: E * (1 - (1 - k/E)^batch)), and
     each sequence's KDA and conv states (read and written) and MLA cache up to `context`."""
+    from kernelgate.models.cache import block_bytes, slot_bytes
     c = model.config
     E, k = c.num_experts, c.num_experts_per_token
     distinct = E * (1 - (1 - k / E) ** batch)
@@ -210,48 +220,48 @@ def decode_floor(model, batch: int, context: int, gbps: float) -> float:
         elif name.endswith("embed_tokens.weight"):
             nbytes *= batch / p.shape[0]
         weights += nbytes
-    pool = model.new_pool(1, context)
-    per_seq = sum(2 * t.numel() * t.element_size() for t in (*pool.kda_state.values(), *pool.conv_state.values()))
-    per_seq += sum(t.numel() * t.element_size() for t in pool.mla_cache.values())
+    per_seq = 2 * slot_bytes(c, model.dtype) + context * block_bytes(c, 1, model.dtype)
     return batch / ((weights + batch * per_seq) / (gbps * 1e9))
 
 
 def ours_decode(model, batch: int, prompt: int, steps: int, warm: int = 3, graphs: bool = True) -> float:
-    """Decode tokens/s through the engine (scheduler step = model step + sampling)."""
+    """Decode tokens/s through the engine (engine step = model step + sampling + bookkeeping)."""
     import torch
 
-    from kernelgate.engine import Request, SamplingParams, Scheduler
-    sched = Scheduler(model, max_slots=batch, max_len=prompt + warm + steps + 2, max_prefill_tokens=1 << 30,
-                      graphs=graphs)
+    from kernelgate.engine import SamplingParams
+    eng = _engine(model, batch, prompt + warm + steps + 2, graphs=graphs)
     g = torch.Generator().manual_seed(1)
-    for _ in range(batch):
+    for i in range(batch):
         ids = torch.randint(0, 1000, (prompt,), generator=g).tolist()
-        sched.add(Request(ids, SamplingParams(max_new_tokens=warm + steps + 1)))
-    assert sched.step().kind == "prefill"
+        eng.add_request(str(i), ids, SamplingParams(max_new_tokens=warm + steps + 1))
+    eng.step()
+    assert eng.last_step.kind == "prefill"
     for _ in range(warm):
-        sched.step()
+        eng.step()
     _sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        sched.step()
+        eng.step()
     _sync()
     return batch * steps / (time.perf_counter() - t0)
 
 
 def ours_prefill(model, tokens: int, reps: int = 3) -> float:
+    """One unchunked prefill step of `tokens` tokens (model.step on a fresh cache)."""
     import torch
 
     from kernelgate.engine import StepBatch
-    pool = model.new_pool(1, tokens)
+    bs = 64
+    nb = -(-tokens // bs)
+    cache = model.new_cache(1, nb, bs)
     ids = torch.randint(0, 1000, (tokens,), device=model.device)
+    batch = StepBatch.build([tokens], [0], [0], model.device, [list(range(nb))], bs)
     times = []
     for _ in range(reps + 1):
-        pool._free = [0]
-        slot = pool.alloc()
-        batch = StepBatch.build([tokens], [slot], [0], model.device)
+        cache.clear([0], list(range(nb)))
         _sync()
         t0 = time.perf_counter()
-        model.step(ids, batch, pool)
+        model.step(ids, batch, cache)
         _sync()
         times.append(time.perf_counter() - t0)
     return tokens / min(times[1:])

@@ -71,7 +71,7 @@ def main():
     ap.add_argument("--hf", action="store_true", help="also profile HF transformers")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
     a = ap.parse_args()
-    from kernelgate.engine import Request, SamplingParams, Scheduler, StepBatch
+    from kernelgate.engine import SamplingParams, StepBatch
     dev, dtype = torch.device("cpu" if a.tiny else "cuda"), torch.bfloat16
     if a.tiny:   # no CUDA: the helpers below only need these to be no-ops
         torch.cuda.synchronize = lambda: None
@@ -79,10 +79,11 @@ def main():
     hf = e2e.hf_model(a.layers, dev, dtype, a.tiny)
     ours = e2e.kernelgate_model(hf, dev, dtype)
     for b in [int(x) for x in a.batches.split(",")]:
-        sched = Scheduler(ours, max_slots=b, max_len=200, max_prefill_tokens=1 << 30)
+        sched = e2e._engine(ours, b, 200)
         g = torch.Generator().manual_seed(1)
-        for _ in range(b):   # distinct prompts: one shared prompt would route every token to the same experts
-            sched.add(Request(torch.randint(0, 1000, (64,), generator=g).tolist(), SamplingParams(max_new_tokens=100)))
+        for i in range(b):   # distinct prompts: one shared prompt would route every token to the same experts
+            sched.add_request(str(i), torch.randint(0, 1000, (64,), generator=g).tolist(),
+                              SamplingParams(max_new_tokens=100))
         sched.step()
         for _ in range(3):
             sched.step()
@@ -95,13 +96,13 @@ def main():
         sites = sync_sites(sched.step)
         print("syncs in one step: " + "; ".join(f"{k} x{v}" for k, v in sites.items()))
         kernels(sched.step, f"decode b{b} step")
-    pool = ours.new_pool(1, a.prefill)
+    nb = -(-a.prefill // 64)
+    cache = ours.new_cache(1, nb, 64)
     ids = torch.randint(0, 1000, (a.prefill,), device=dev)
 
     def prefill():
-        pool._free = [0]
-        slot = pool.alloc()
-        ours.step(ids, StepBatch.build([a.prefill], [slot], [0], dev), pool)
+        cache.clear([0], list(range(nb)))
+        ours.step(ids, StepBatch.build([a.prefill], [0], [0], dev, [list(range(nb))], 64), cache)
     prefill()
     print("\nsyncs in one prefill: " + "; ".join(f"{k} x{v}" for k, v in sync_sites(prefill).items()))
     kernels(prefill, f"prefill {a.prefill}")

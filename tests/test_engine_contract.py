@@ -172,3 +172,15 @@ def test_integer_tensor_for_float_parameter(ckpt, tmp_path):
 
 def test_tiny_config_is_hf_compatible():
     assert TINY["num_experts_per_tok"] == 2      # the checkpoints above come from this config
+
+
+def test_load_model_arguments(ckpt):
+    with pytest.raises(KernelgateError, match="path must be a folder path"):
+        kernelgate.load_model(42)
+    with pytest.raises(KernelgateError, match="device 'nope' is not a torch device"):
+        kernelgate.load_model(ckpt, device="nope")
+    if not torch.cuda.is_available():
+        with pytest.raises(KernelgateError, match="device 'cuda' is not available on this machine"):
+            kernelgate.load_model(ckpt, device="cuda")
+    with pytest.raises(KernelgateError, match="dtype 'foo' is not a floating point torch dtype"):
+        kernelgate.load_model(ckpt, dtype="foo")

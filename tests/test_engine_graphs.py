@@ -125,3 +125,24 @@ def test_sync_check_runs_in_error_mode_and_restores(monkeypatch):
     with pytest.raises(RuntimeError, match="synchronizing"):
         graphs._without_host_syncs(torch.device("cpu"), syncing)
     assert modes == ["error", "default"]
+
+
+def test_graph_decode_through_chunking_and_preemption(model, fake_graphs):
+    """Captured decode beside chunked prefill and preemption (block tables change under the
+    static buffers between replays): tokens equal the eager engine's."""
+    prompts = _prompts(6, seed=4)
+
+    def run(graphs_on):
+        eng = Engine(model, max_num_seqs=6, max_model_len=40, block_size=4, num_cache_blocks=12,
+                     max_num_batched_tokens=10, graphs=graphs_on)
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, SamplingParams(max_new_tokens=8))
+        got, preempted = {str(i): [] for i in range(len(prompts))}, 0
+        while eng.has_unfinished():
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+            preempted += eng.last_step.preempted
+        return [got[str(i)] for i in range(len(prompts))], preempted, eng.runner.graphs
+    eager, _, _ = run(False)
+    got, preempted, g = run(True)
+    assert got == eager and preempted > 0 and g is not None and g.graphs

@@ -35,6 +35,14 @@ def _watch_parent(ppid: int) -> None:
             os._exit(1)
 
 
+def _release(device) -> None:
+    import gc
+    gc.collect()
+    mod = getattr(torch, device.type, None)
+    if device.type != "cpu" and hasattr(mod, "empty_cache"):
+        mod.empty_cache()
+
+
 class Worker:
     def __init__(self, groups):
         self.g = groups
@@ -45,12 +53,14 @@ class Worker:
         from ..models.loader import load_model
         if op == "load":
             self.model = self.runner = None
+            _release(self.g.device)
             self.model = load_model(arg["path"], device=self.g.device, dtype=arg["dtype"],
                                     par=self.g.parallel(arg["expert_parallel"]))
             return None
         if op == "runner":
             from ..engine.model_runner import ModelRunner
             self.runner = None
+            _release(self.g.device)          # the last engine's cache, before this one measures memory
             self.runner = ModelRunner(self.model, *arg)
             return None
         if op == "step":

@@ -13,6 +13,7 @@ The scheduler (engine/scheduler.py) picks the tokens of each step; the model run
 """
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -154,7 +155,10 @@ class Engine:
         return outs
 
     def close(self) -> None:
-        """Drop the cache and graphs (device memory back to the allocator)."""
+        """Drop the cache and graphs now (device memory back to the allocator), not at the next
+        garbage collection: a later engine sizes its cache from the memory left."""
         self.runner = None
-        if self.model.device.type != "cpu":
-            getattr(torch, self.model.device.type).empty_cache()
+        gc.collect()
+        mod = getattr(torch, self.model.device.type, None)
+        if self.model.device.type != "cpu" and hasattr(mod, "empty_cache"):
+            mod.empty_cache()

@@ -79,7 +79,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
                              None if seed is None else seed + i, stops) for i in range(len(ids))]
     if seed is not None:
         require_int("generate", "seed", seed + len(ids) - 1, lo=0, hi=2**64 - 1)
-    if engine is None:
+    own = engine is None
+    if own:
         if max_batch is not None and max_num_seqs is not None and max_batch != max_num_seqs:
             raise KernelgateError(f"generate: max_batch {max_batch} and max_num_seqs {max_num_seqs} disagree "
                                   "(max_batch is the old name)")
@@ -96,9 +97,22 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
                         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                         num_cache_blocks=num_cache_blocks, graphs=graphs,
                         tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel)
+    try:
+        return _drive(engine, model, ids, params, progress, timing)
+    finally:
+        if own:
+            engine.close()
+
+
+def _drive(engine, model, ids, params, progress, timing) -> list[Result]:
     base = f"gen{id(ids)}-"
-    for i, (p, sp) in enumerate(zip(ids, params)):
-        engine.add_request(f"{base}{i}", p, sp)
+    try:
+        for i, (p, sp) in enumerate(zip(ids, params)):
+            engine.add_request(f"{base}{i}", p, sp)
+    except Exception:
+        for j in range(len(ids)):          # a shared engine keeps nothing of a rejected call
+            engine.abort(f"{base}{j}")
+        raise
     results: dict = {}
     tokens: dict = {i: [] for i in range(len(ids))}
     done_tokens = 0
@@ -108,6 +122,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
         _sync(model.device)
         dt = time.perf_counter() - t0
         for o in outs:
+            if not o.request_id.startswith(base):
+                continue                   # another caller's request on a shared engine
             i = int(o.request_id[len(base):])
             tokens[i].extend(o.new_token_ids)
             done_tokens += len(o.new_token_ids)

@@ -79,12 +79,16 @@ class _Captured:
         self.batch = StepBatch(cu_seqlens=cu, slots=slots, starts=[0] * nb, lengths=[1] * nb, decode=True,
                                starts_dev=starts, context_len=width * bs, seq_lens=lens,
                                block_table=table.view(nb, width), slot_mapping=mapping, block_size=bs)
-        self.run = lambda: model.step(self.tokens, self.batch, cache)
+        self.model, self.cache = model, cache
         self.run()                            # warm-up: lazy inits, autotuning, dispatch caches
         _without_host_syncs(dev, self.run)    # an op that syncs every step cannot be captured
         self.graph = cls()
         with capture(self.graph, pool=mempool):
             self.logits = self.run()
+
+    def run(self) -> torch.Tensor:
+        """The captured step (a method, not a stored closure: no reference cycle keeps the cache alive)."""
+        return self.model.step(self.tokens, self.batch, self.cache)
 
     def _host(self, slots: list, starts: list, tables: list) -> torch.Tensor:
         """Host metadata; padding rows decode into the scratch slot / block (position 0)."""
@@ -93,7 +97,7 @@ class _Captured:
         pad = nb - len(slots)
         bs = self.bs
         mapping = [t[s // bs] * bs + s % bs for t, s in zip(tables, starts)] + [block0 * bs] * pad
-        flat = [b for t in tables for b in list(t) + [block0] * (width - len(t))] + [block0] * (width * pad)
+        flat = [b for t in tables for b in list(t[:width]) + [block0] * (width - len(t))] + [block0] * (width * pad)
         return torch.tensor(list(range(nb + 1)) + list(slots) + [slot0] * pad + list(starts) + [0] * pad
                             + [s + 1 for s in starts] + [1] * pad + mapping + flat, dtype=torch.int32)
 

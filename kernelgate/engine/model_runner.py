@@ -42,7 +42,8 @@ class ModelRunner:
         nb = -(-tokens // self.block_size)
         cache = self.model.new_cache(1, nb, self.block_size)
         batch = StepBatch.build([tokens], [0], [0], self.model.device, [list(range(nb))], self.block_size)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.model.device)
+        # distinct tokens: one repeated token would route every row to the same experts
+        ids = torch.arange(tokens, device=self.model.device) * 7919 % self.model.config.vocab_size
         self.model.step(ids, batch, cache)
         size = cache.nbytes()
         del cache

@@ -12,6 +12,7 @@ Anything missing, unexpected or mis-shaped is reported in one error.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import warnings
@@ -298,6 +299,19 @@ def _dtype(dtype, config: KimiLinearConfig) -> torch.dtype:
     return dt
 
 
+def _device(device) -> torch.device:
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise KernelgateError(f"load_model: device {device!r} is not a torch device ({e})") from None
+    mod = getattr(torch, dev.type, None)
+    if dev.type not in ("cpu", "meta") and not (hasattr(mod, "is_available") and mod.is_available()):
+        raise KernelgateError(f"load_model: device {device!r} is not available on this machine")
+    return dev
+
+
 def load_tokenizer(folder: Path):
     if not any((folder / f).exists() for f in _TOKENIZER_FILES):
         return None
@@ -313,13 +327,14 @@ def load_tokenizer(folder: Path):
 def load_model(path, device=None, dtype=None, par: Parallel = SINGLE) -> KimiLinearForCausalLM:
     """Load a Kimi Linear checkpoint folder. dtype: None = the checkpoint's (config "dtype").
     par: load only this rank's shard (kernelgate.models.parallel)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise KernelgateError(f"load_model: path must be a folder path (str or os.PathLike), got {type(path).__name__}")
     folder = Path(path)
     if not folder.is_dir():
         raise KernelgateError(f"load_model: {path} is not a folder")
     config = KimiLinearConfig.from_file(folder)
     dt = _dtype(dtype, config)
-    model = build(config, device=torch.device(device) if device else default_device(), dtype=dt, seed=None,
-                  par=par)
+    model = build(config, device=_device(device), dtype=dt, seed=None, par=par)
     with torch.no_grad():
         load_weights(model, folder)
     model.tokenizer = load_tokenizer(folder)

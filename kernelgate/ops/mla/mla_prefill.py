@@ -138,3 +138,6 @@ def cases():
 
 
 mla_prefill = declare(OP, mla_prefill_native, validate=validate, cases=cases)
+mla_prefill.implementation(
+    "sdpa", ".mla_prefill_sdpa:mla_prefill_sdpa", provider="torch", platforms=ALL_PLATFORMS, priority=10,
+    doc="expanded keys/values per context piece, torch SDPA (fused kernels), log-sum-exp merge of pieces")

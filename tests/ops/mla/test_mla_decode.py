@@ -42,8 +42,13 @@ SHAPES = [  # lens, H, R, Dr, Dn, Dv, bs, next_n
 ]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+# (the interpreter's Python time per program is the CI cost: bf16 on simulated XPU is left out,
+# its launch on a CPU machine is the simulated CUDA one)
+VARIANT_DTYPES = [pytest.param(v, d, id=f"{_ids(v)}-{str(d)[6:]}") for v in VARIANTS
+                  for d in (torch.float32, torch.bfloat16) if not (v[1] == "xpu" and d == torch.bfloat16)]
+
+
+@pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
 @pytest.mark.parametrize("lens,H,R,Dr,Dn,Dv,bs,next_n", SHAPES)
 def test_matches_expanded_float64(variant, dtype, lens, H, R, Dr, Dn, Dv, bs, next_n):
     pb = Problem(lens, [next_n] * len(lens), H, R, Dr, Dn, Dv, bs, dtype)
@@ -150,3 +155,79 @@ def test_native_checks_values_every_call():
     args[3] = torch.tensor([3, -2], dtype=torch.int32)
     with pytest.raises(KernelgateError, match="is negative"):
         registry.get(OP).reference(*args, **kwargs)
+
+
+def _absorbed_f64(q, lat, scale, R, keep):
+    """One query row over positions `keep` (bool [L]) of latents lat [L, C], float64."""
+    s = (q.double() @ lat.double().T) * scale
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ lat.double()[:, :R]
+
+
+def _launch(*args, **kwargs):
+    pytest.importorskip("triton")
+    if not platform.interpreting() and platform.current().device == "cpu":
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    from kernelgate.ops.mla import mla_decode_triton
+    return mla_decode_triton.launch(*args, **kwargs)
+
+
+@pytest.mark.parametrize("bad_id", [-3, 10**6], ids=["negative", "past-the-cache"])
+def test_triton_skips_out_of_range_blocks(bad_id):
+    # device kernels cannot raise on values: a block id outside [0, num_blocks) is never read, its
+    # positions leave the softmax; lengths past the table width stop at the table; negative = 0
+    pb = Problem([40, 9, 5], [1, 1, 1], 2, 16, 8, 8, 8, 8, torch.float32)
+    cache = pb.cache.nan_to_num(0.25)                          # slots past a length hold data here
+    table = pb.table.clone()                                   # width 6; unused entries are 10**6
+    table[0, 2] = bad_id                                       # positions 16..23 of sequence 0
+    seq = torch.tensor([40, 9 + 100, -4], dtype=torch.int32)   # 109 > the table's 6 x 8: cut at 48
+    q = pb.absorbed_q(torch.float32)
+    o, lse = _launch(q, cache, table, seq, pb.scale, 16, return_lse=True)
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[16:24] = False
+    assert rel(o[0, 0], _absorbed_f64(q[0, 0], pb.latents[0], pb.scale, 16, keep)) < 1e-5
+    # sequence 1 owns two real blocks (positions 0..15), then out-of-range ids up to position 47
+    lat1 = torch.stack([cache[table[1, p // 8], p % 8] for p in range(16)])
+    ref1 = torch.stack([_absorbed_f64(q[1, h], lat1, pb.scale, 16, torch.ones(16, dtype=torch.bool))
+                        for h in range(2)])
+    assert rel(o[1], ref1) < 1e-5
+    assert torch.equal(o[2], torch.zeros_like(o[2])) and torch.isneginf(lse[2]).all()
+
+
+def test_triton_gpu_merge_layout_and_many_splits():
+    # the GPU's merge shape (one query row and 16 latent columns per program) over 7 splits of a
+    # 100-token sequence (tiles of 16: the last split is empty), next_n 2; the interpreter's
+    # default merges whole rows at once
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([100], [2], 2, 32, 16, 8, 8, 8, torch.float32)
+    q = pb.absorbed_q(torch.float32)
+    ref = registry.get(OP).reference(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, return_lse=True)
+    cfg = dict(T.config(), splits=7, merge_rows=1, merge_br=16, merge_sb=4, block_n=16)
+    o, lse = _launch(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, return_lse=True, cfg=cfg)
+    assert rel(o, ref[0]) < 1e-5 and rel(lse, ref[1]) < 1e-6
+
+
+@pytest.mark.parametrize("kv_major", [False, True], ids=["heads-major", "kv-major"])
+@pytest.mark.parametrize("ahead", [False, True], ids=["table-inline", "table-ahead"])
+def test_triton_loop_shapes(kv_major, ahead):
+    # both MMA orientations and both block-table load orders, tiles of 16 over blocks of 8, 3 splits
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([37, 8, 0], [2, 2, 2], 3, 32, 16, 8, 8, 8, torch.float32, seed=5)
+    cfg = dict(T.config(), kv_major=kv_major, ahead=ahead, block_n=16, splits=3)
+    o_lat = _launch(pb.absorbed_q(torch.float32), pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, cfg=cfg)
+    assert rel(torch.einsum("thr,hvr->thv", o_lat.double(), pb.w_uv), pb.expanded()) < 2e-5
+
+
+def test_launch_choices_follow_the_platform():
+    import dataclasses
+
+    from kernelgate.ops.mla import mla_decode_triton as T
+    here = platform.current()
+    h200 = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"))
+    mi300 = T.config(dataclasses.replace(here, name="rocm", capability="gfx942"))
+    xpu = T.config(dataclasses.replace(here, name="xpu", capability=None))
+    assert (h200["block_n"], h200["num_warps"], h200["num_stages"]) == (32, 8, 2)
+    assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
+    assert T.num_splits(1, 2048, 64, dict(programs=264, min_split=256)) == 264      # B1 128k: fill the GPU
+    assert T.num_splits(64, 2048, 64, dict(programs=264, min_split=256)) == 5
+    assert T.num_splits(1, 3, 16, dict(programs=264, min_split=256)) == 1            # short table: one split

@@ -3,11 +3,13 @@ keys), agreement with mla_decode on a chunk's last token, and the argument check
 implementation that runs here; the SDPA one also with tiny context pieces (so the log-sum-exp
 merge of pieces is exercised) and with its portable fp32 math path forced."""
 import re
+import warnings
 
 import pytest
 import torch
 
 from kernelgate import KernelgateError, forcing, platform, registry
+from kernelgate.registry import FallbackWarning
 from mla_refs import Problem, rel
 
 OP = "mla_prefill"
@@ -45,6 +47,27 @@ def test_matches_expanded_float64(impl, dtype, chunks, lens, H, R, Dr, Dn, Dv, b
     assert o.shape == (sum(chunks), H, Dv) and o.dtype == dtype
     w = w_kv.double()
     ref = pb.expanded(w[:, :Dn], w[:, Dn:])
+    assert rel(o, ref) < BOUND[dtype], rel(o, ref)
+
+
+@pytest.mark.parametrize("lse_path", ["fused", "math"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sdpa_context_pieces_merge(monkeypatch, lse_path, dtype):
+    # pieces of 8 positions: prefixes of 0 / 13 / 40 / 56 positions cut into pieces, chunks of
+    # 9 / 3 / 17 / 8 tokens cut at 8 (causal pieces), merged by log-sum-exp; then the fused
+    # lse kernel of this device, or the fp32 math fallback
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    monkeypatch.setattr(S, "PIECE", 8)
+    monkeypatch.setattr(S, "FORCE_LSE", "math" if lse_path == "math" else None)
+    pb = Problem([9, 16, 57, 64], [9, 3, 17, 8], 3, 32, 16, 24, 16, 8, dtype, seed=3)
+    w_kv = pb.w_kv(dtype)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).to(dtype)
+    with warnings.catch_warnings():
+        if lse_path == "fused":   # CPU and CUDA have a fused lse kernel: no silent math fallback
+            warnings.simplefilter("error", FallbackWarning)
+        o = run("sdpa", q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
+    w = w_kv.double()
+    ref = pb.expanded(w[:, :24], w[:, 24:])
     assert rel(o, ref) < BOUND[dtype], rel(o, ref)
 
 
