@@ -165,6 +165,16 @@ class ParallelModel:
         except Exception as e:  # noqa: BLE001
             raise w.failure(e) from None
 
+    def rank_stats(self) -> list:
+        """Per rank: {device, peak_bytes, allocated_bytes} of device memory (None on the CPU)."""
+        from .worker import device_stats
+        w = self.live()
+        try:
+            w.groups.broadcast(("stats", None))
+            return w.groups.gather(device_stats(w.groups.device))
+        except Exception as e:  # noqa: BLE001
+            raise w.failure(e) from None
+
     def close(self) -> None:
         """Stop the worker ranks."""
         if self.shard is not None:

@@ -43,6 +43,14 @@ def _release(device) -> None:
         mod.empty_cache()
 
 
+def device_stats(device) -> dict:
+    """This rank's device memory: peak and current bytes allocated by torch (None on the CPU)."""
+    mod = getattr(torch, device.type, None)
+    if device.type == "cpu" or not hasattr(mod, "max_memory_allocated"):
+        return {"device": str(device), "peak_bytes": None, "allocated_bytes": None}
+    return {"device": str(device), "peak_bytes": mod.max_memory_allocated(), "allocated_bytes": mod.memory_allocated()}
+
+
 class Worker:
     def __init__(self, groups):
         self.g = groups
@@ -69,6 +77,8 @@ class Worker:
         if op == "forward":
             self.model(arg)
             return None
+        if op == "stats":
+            return device_stats(self.g.device)
         if op == "unload":
             self.model = self.runner = None
             return None
@@ -80,12 +90,15 @@ class Worker:
                 op, arg = self.g.broadcast()
                 if op == "exit":
                     return
+                value = None
                 try:
-                    self.handle(op, arg)
+                    value = self.handle(op, arg)
                     err = None
                 except Exception as e:  # noqa: BLE001 - reported to the driver, with the rank
                     err = _describe(e)
-                if op in ("load", "runner"):
+                if op == "stats":
+                    self.g.gather(value)
+                elif op in ("load", "runner"):
                     errs = self.g.gather(err)
                     if op == "runner" and not any(errs):
                         from .driver import reconcile

@@ -74,6 +74,24 @@ def test_loader_reads_only_its_slices(model, tmp_path, ep):
         assert "model.layers.1.mlp.experts.gate_up_proj" in specs
 
 
+@pytest.mark.parametrize("ep", [False, True], ids=["tp", "ep"])
+def test_loader_slices_a_released_layout_checkpoint(tmp_path, ep):
+    """HF save_pretrained's original format: separate q/k/v and conv [C, 1, W], A_log [1, 1, H, 1],
+    per-expert w1 / w2 / w3 (expert parallel: whole experts or none; otherwise strided row reads)."""
+    from helpers.kimi_hf import tiny_hf_model
+    tiny_hf_model().save_pretrained(tmp_path)
+    full = dict(load_model(tmp_path, device="cpu").named_parameters())
+    for r in range(2):
+        shard = load_model(tmp_path, device="cpu", par=Parallel(r, 2, ep))
+        specs = shard_specs(shard)
+        for n, p in shard.named_parameters():
+            f = full[n]
+            if n in specs:
+                dim, segments = specs[n]
+                f = torch.cat([s.chunk(2, dim)[r] for s in f.chunk(segments, dim)], dim)
+            assert torch.equal(p, f), n
+
+
 def test_bad_sizes_are_clear_errors(model, monkeypatch):
     with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size 3 does not divide linear_num_heads"):
         kernelgate.generate(model, [[1, 2]], tensor_parallel_size=3)
@@ -108,6 +126,11 @@ def test_load_model_tensor_parallel(model, single, tmp_path):
     eng = kernelgate.engine.Engine(pm, max_num_seqs=4, max_model_len=80, max_num_batched_tokens=32)
     out = kernelgate.generate(pm, PROMPTS, max_new_tokens=6, engine=eng)
     assert [r.token_ids for r in out] == tokens
+
+
+def test_rank_stats_name_every_rank(model):
+    stats = kernelgate.distributed.parallelize(model, 2, True).rank_stats()
+    assert [s["device"] for s in stats] == ["cpu", "cpu"] and all(s["peak_bytes"] is None for s in stats)
 
 
 def test_killed_rank_ends_the_job_with_its_name(model):
