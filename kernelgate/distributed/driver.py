@@ -108,7 +108,8 @@ class ParallelModel:
     # ---- model-like surface
     @property
     def device(self) -> torch.device:
-        return self.live() and self.shard.device
+        self.live()
+        return self.shard.device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -134,6 +135,11 @@ class ParallelModel:
         """token_ids [B, T] -> logits [B, T, V] (gathered over the vocab-parallel ranks)."""
         w = self.live()
         token_ids = torch.as_tensor(token_ids).cpu()
+        V = self.config.vocab_size
+        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= V):
+            # each rank masks the ids outside its vocabulary rows: out of range would read as zeros
+            raise KernelgateError(f"ParallelModel: token ids must be in [0, {V}), got "
+                                  f"[{int(token_ids.min())}, {int(token_ids.max())}]")
         try:
             w.groups.broadcast(("forward", token_ids))
             return self.shard(token_ids)

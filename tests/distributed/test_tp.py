@@ -116,6 +116,8 @@ def test_sharded_equals_single_process(model, single, ep):
     got = pm(ids)
     assert got.shape == logits.shape
     assert rel(got, logits) < 1e-5
+    with pytest.raises(kernelgate.KernelgateError, match=r"token ids must be in \[0, 512\), got \[3, 512\]"):
+        pm(torch.tensor([[3, 512]]))
 
 
 def test_load_model_tensor_parallel(model, single, tmp_path):
