@@ -13,7 +13,10 @@ import kernelgate
 from kernelgate import KernelgateError
 from kernelgate.engine import Engine, SamplingParams
 from kernelgate.models import KimiLinearConfig, build, tiny
-from helpers.kimi_hf import TINY, tiny_hf_model
+try:
+    from helpers.kimi_hf import TINY, tiny_hf_model      # tests/helpers/ (main's layout)
+except ImportError:
+    from kimi_hf import TINY, tiny_hf_model
 
 
 @pytest.fixture(scope="module")
