@@ -52,9 +52,9 @@ def _cause(code: int | None) -> str:
 
 
 class Workers:
-    def __init__(self, groups: Groups, procs: list, store):
+    def __init__(self, groups: Groups | None, procs: list, store, size: int):
         self.groups, self.procs, self.store = groups, procs, store
-        self.size = groups.size
+        self.size = size
         self.failed: tuple | None = None       # (rank, cause)
         self.surfaced = False
         self.closed = False
@@ -88,12 +88,17 @@ class Workers:
                     _kill(procs)
                     raise KernelgateError(f"tensor parallel: rank {r} did not start within {START_TIMEOUT_S:.0f} s")
                 time.sleep(0.02)
+        # watched from here on: a rank dying in the rendezvous ends the job. The monitor reads the
+        # workers' reports through its own store connection (the driver's may be blocked in a wait)
+        monitor_store = dist.TCPStore(host, port, size, is_master=False, timeout=timedelta(seconds=10))
+        w = cls(None, procs, monitor_store, size)
         try:
-            groups = Groups(0, size, store, 0)
+            w.groups = Groups(0, size, store, 0)
         except Exception as e:  # noqa: BLE001
+            w.closed = True
             _kill(procs)
             raise KernelgateError(f"tensor parallel: process group did not form: {type(e).__name__}: {e}") from None
-        return cls(groups, procs, store)
+        return w
 
     @classmethod
     def from_env(cls) -> "Workers":
@@ -104,7 +109,7 @@ class Workers:
         if rank != 0:
             Worker(groups).serve()
             sys.exit(0)
-        return cls(groups, [], None)
+        return cls(groups, [], None, size)
 
     # ---- faults
     def _monitor(self) -> None:
@@ -151,7 +156,8 @@ class Workers:
             return
         self.closed = True
         try:
-            self.groups.broadcast(("exit", None))
+            if self.groups is not None:
+                self.groups.broadcast(("exit", None))
         except Exception:  # noqa: BLE001 - a rank already gone
             pass
         for p in self.procs:
@@ -189,7 +195,8 @@ def _forget(w: Workers) -> None:
     if _live.get("workers") is w:
         del _live["workers"]
     try:
-        w.groups.close()
+        if w.groups is not None:
+            w.groups.close()
     except Exception:  # noqa: BLE001
         pass
 
