@@ -210,3 +210,30 @@ def simulate(name: str):
 
 def default_device() -> torch.device:
     return torch.device(_real_platform().device)
+
+
+# torch.distributed backend each platform's devices talk through (tensor / expert parallel)
+COLLECTIVE_BACKENDS = {
+    "cuda": ("nccl", "NCCL: NVLink / PCIe / InfiniBand collectives on device memory, capturable in CUDA graphs"),
+    "rocm": ("nccl", "RCCL, which ROCm builds of torch register as the 'nccl' backend"),
+    "xpu": ("xccl", "oneCCL through torch's built-in XCCL backend (torch >= 2.8)"),
+    "npu": ("hccl", "HCCL, registered by torch_npu for Ascend devices"),
+    "mps": ("gloo", "no collective library for Apple GPUs: Gloo over host memory"),
+    "cpu": ("gloo", "no accelerator: Gloo collectives over TCP on host memory"),
+}
+
+
+def collective_backend(p: Platform | None = None) -> tuple[str, str]:
+    """(torch.distributed backend, reason) declared for platform `p` (default: current())."""
+    p = p or current()
+    return COLLECTIVE_BACKENDS[p.name]
+
+
+def collective_line(p: Platform | None = None) -> str:
+    """The line `kernelgate doctor` shows for the collective backend."""
+    p = p or current()
+    backend, reason = collective_backend(p)
+    line = f"collectives: {backend} ({reason})"
+    if p.simulated and COLLECTIVE_BACKENDS[p.real][0] != backend:
+        line += f"; simulated: runs use {COLLECTIVE_BACKENDS[p.real][0]}, the {p.real} device's backend"
+    return line

@@ -119,6 +119,7 @@ _CHILD = r"""
 import json, sys, torch
 import kernelgate, kernelgate.models, kernelgate.ops
 kernelgate.models.build(kernelgate.models.tiny(), seed=None)   # lazy imports (meta init: ~170 MB) first
+kernelgate.platform.default_device()   # and the platform probe (imports triton: ~100 MB)
 def rss(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):

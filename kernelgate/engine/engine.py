@@ -53,17 +53,25 @@ class StepStats:
 class Engine:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 4096,
                  max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9,
-                 block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True):
+                 block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True,
+                 tensor_parallel_size: int = 1, enable_expert_parallel: bool = False):
         """The knobs have vLLM's names and meanings: sequences in flight, longest prompt + output,
-        tokens per step, share of device memory to use, MLA cache block size and a pinned count."""
+        tokens per step, share of device memory to use, MLA cache block size and a pinned count.
+        tensor_parallel_size > 1 (or a model from load_model(..., tensor_parallel_size=N)): the
+        model runs sharded over N processes, one per device (kernelgate.distributed);
+        enable_expert_parallel splits the routed experts over them instead of each expert."""
         check_engine_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                           max_num_batched_tokens=max_num_batched_tokens,
                           gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                           num_cache_blocks=num_cache_blocks, graphs=graphs)
+        args = (max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_utilization, block_size,
+                num_cache_blocks, graphs)
+        if tensor_parallel_size != 1 or enable_expert_parallel or hasattr(model, "make_runner"):
+            from ..distributed import parallelize
+            model = parallelize(model, tensor_parallel_size, enable_expert_parallel)
         self.model = model
         self.max_num_seqs = max_num_seqs
-        self.runner = ModelRunner(model, max_num_seqs, max_model_len, max_num_batched_tokens,
-                                  gpu_memory_utilization, block_size, num_cache_blocks, graphs)
+        self.runner = model.make_runner(*args) if hasattr(model, "make_runner") else ModelRunner(model, *args)
         self.capacity = self.runner.capacity
         self.blocks = BlockManager(self.capacity.num_blocks, self.capacity.num_slots, block_size)
         self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, max_model_len)

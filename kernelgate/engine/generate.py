@@ -55,7 +55,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
              max_len: int | None = None, progress=None, timing: Timing | None = None, *,
              max_num_seqs: int | None = None, max_model_len: int | None = None,
              max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9, block_size: int = 64,
-             num_cache_blocks: int | None = None, graphs: bool = True, engine: Engine | None = None) -> list[Result]:
+             num_cache_blocks: int | None = None, graphs: bool = True, engine: Engine | None = None,
+             tensor_parallel_size: int = 1, enable_expert_parallel: bool = False) -> list[Result]:
     """Generate for each prompt (token id lists, or strings when the model has a tokenizer).
 
     stop_token_ids None = the config's EOS ids. Request i samples with seed `seed + i`, so
@@ -65,6 +66,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
     and `max_len` are the older names of max_num_seqs and max_model_len) size an `Engine`
     for this call: max_num_seqs defaults to min(16, prompts), max_model_len to the longest
     prompt + max_new_tokens. `engine`: run on an existing Engine instead (knobs ignored).
+    tensor_parallel_size / enable_expert_parallel: run sharded over that many processes (see
+    Engine); the worker processes stay up for the next call with the same model.
     """
     if isinstance(prompts, (str, bytes)) or (isinstance(prompts, (list, tuple)) and prompts and is_int(prompts[0])):
         prompts = [prompts]
@@ -92,7 +95,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
         engine = Engine(model, max_num_seqs=min(seqs, len(ids)), max_model_len=length,
                         max_num_batched_tokens=max_num_batched_tokens,
                         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                        num_cache_blocks=num_cache_blocks, graphs=graphs)
+                        num_cache_blocks=num_cache_blocks, graphs=graphs,
+                        tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel)
     try:
         return _drive(engine, model, ids, params, progress, timing)
     finally:

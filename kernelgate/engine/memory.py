@@ -68,7 +68,7 @@ def plan(model, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: i
     """-> Capacity (usable counts; the caller adds the scratch slot / block for graphs).
     profile(): runs the budget step and returns the bytes of its temporary cache."""
     c, dt = model.config, model.dtype
-    bb, sb = block_bytes(c, block_size, dt), slot_bytes(c, dt)
+    bb, sb = block_bytes(c, block_size, dt), slot_bytes(c, dt, getattr(model, "tp_size", 1))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     slots = max_num_seqs
     full = -(-max_model_len // block_size)

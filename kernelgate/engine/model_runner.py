@@ -53,22 +53,12 @@ class ModelRunner:
     def execute(self, seqs: list, fresh: tuple) -> list:
         """seqs: [Scheduled]; fresh: (slots, blocks) to zero first. -> per seq: the sampled token,
         None (a chunk that does not reach the end of its tokens) or an error text."""
-        self.cache.clear(*fresh)
         reqs = [s.req for s in seqs]
         starts = [s.start for s in seqs]
         inputs = [s.req.tokens(s.start, s.start + s.n) for s in seqs]
-        tables = [r.blocks for r in reqs]
-        flat = [t for x in inputs for t in x]
-        logits = None
-        decode = all(s.n == 1 for s in seqs)
-        if decode and self.graphs is not None:
-            logits = self.graphs.run(flat, [r.slot for r in reqs], starts, tables)   # None: decode eagerly
-        if logits is None:
-            device = self.model.device
-            batch = StepBatch.build([s.n for s in seqs], [r.slot for r in reqs], starts, device, tables,
-                                    self.block_size)
-            tokens = alloc.upload(torch.tensor(flat, dtype=torch.long), device)
-            logits = self.model.step(tokens, batch, self.cache)                      # [N, V] fp32
+        meta = {"fresh": fresh, "tokens": [t for x in inputs for t in x], "lengths": [s.n for s in seqs],
+                "slots": [r.slot for r in reqs], "starts": starts, "tables": [list(r.blocks) for r in reqs]}
+        logits = self.run(meta)
         rows = [i for i, s in enumerate(seqs) if s.samples]
         out: list = [None] * len(seqs)
         if rows:
@@ -81,3 +71,19 @@ class ModelRunner:
                 else:
                     out[i] = t
         return out
+
+    @torch.inference_mode()
+    def run(self, meta: dict) -> torch.Tensor:
+        """One model step from plain metadata (what a tensor-parallel driver broadcasts to its
+        ranks): zero the fresh slots / blocks, decode through a graph or eagerly -> logits [N, V]."""
+        self.cache.clear(*meta["fresh"])
+        flat, slots, starts, tables = meta["tokens"], meta["slots"], meta["starts"], meta["tables"]
+        logits = None
+        if all(n == 1 for n in meta["lengths"]) and self.graphs is not None:
+            logits = self.graphs.run(flat, slots, starts, tables)                    # None: decode eagerly
+        if logits is None:
+            device = self.model.device
+            batch = StepBatch.build(meta["lengths"], slots, starts, device, tables, self.block_size)
+            tokens = alloc.upload(torch.tensor(flat, dtype=torch.long), device)
+            logits = self.model.step(tokens, batch, self.cache)                      # [N, V] fp32
+        return logits

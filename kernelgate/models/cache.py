@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 
-def slot_bytes(config, dtype: torch.dtype) -> int:
-    """Bytes one sequence's KDA + conv states take over all layers."""
+def slot_bytes(config, dtype: torch.dtype, tp_size: int = 1) -> int:
+    """Bytes one sequence's KDA + conv states take over all layers (on one of tp_size ranks)."""
     c = config
-    H, K, W = c.linear_num_heads, c.linear_head_dim, c.conv_kernel_size
+    H, K, W = c.linear_num_heads // tp_size, c.linear_head_dim, c.conv_kernel_size
     per = H * K * K * 4 + 3 * H * K * (W - 1) * dtype.itemsize
     return per * sum(t == "kda" for t in c.layer_types)
 
@@ -33,11 +33,13 @@ def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
 
 
 class KVCache:
-    def __init__(self, config, num_slots: int, num_blocks: int, block_size: int, device, dtype: torch.dtype):
+    def __init__(self, config, num_slots: int, num_blocks: int, block_size: int, device, dtype: torch.dtype,
+                 tp_size: int = 1):
+        """tp_size: the KDA states hold this rank's linear_num_heads / tp_size heads."""
         c = config
         self.num_slots, self.num_blocks, self.block_size = num_slots, num_blocks, block_size
         self.device, self.dtype = torch.device(device), dtype
-        H, K = c.linear_num_heads, c.linear_head_dim
+        H, K = c.linear_num_heads // tp_size, c.linear_head_dim
         self.kda_state, self.conv_state, self.mla_cache = {}, {}, {}
         for i, kind in enumerate(c.layer_types):
             if kind == "kda":

@@ -18,27 +18,34 @@ from torch import nn
 
 from .. import ops
 from .layers import _param
+from .parallel import SINGLE, column, mark, row
 
 
 class KimiDeltaAttention(nn.Module):
-    def __init__(self, c, layer_idx: int):
+    def __init__(self, c, layer_idx: int, par=SINGLE):
+        """Tensor parallel: this rank's H / size heads (projections, conv channels, decay and
+        states); f_a / g_a (D -> K) and the norm are replicated; o_proj's output is a partial sum."""
         super().__init__()
-        self.layer_idx = layer_idx
-        H, K, D = c.linear_num_heads, c.linear_head_dim, c.hidden_size
+        self.layer_idx, self.par = layer_idx, par
+        K, D = c.linear_head_dim, c.hidden_size
+        H = par.split(c.linear_num_heads, "linear_num_heads (KDA heads)")
         self.H, self.K, self.eps = H, K, c.rms_norm_eps
-        self.qkv_proj = nn.Linear(D, 3 * H * K, bias=False)        # q | k | v rows
+        self.qkv_proj = column(D, 3 * H * K * par.size, par, "KDA q|k|v", 3)   # q | k | v rows
         self.conv1d = nn.Module()
         self.conv1d.weight = _param(3 * H * K, c.conv_kernel_size)  # [3HK, W] depthwise taps
+        mark(self.conv1d, "weight", 0, 3)
         self.f_a_proj = nn.Linear(D, K, bias=False)
-        self.f_b_proj = nn.Linear(K, H * K, bias=False)
+        self.f_b_proj = column(K, H * K * par.size, par, "KDA f_b")
         self.dt_bias = _param(H * K, dtype=torch.float32)
         self.A_log = _param(H, dtype=torch.float32)
-        self.b_proj = nn.Linear(D, H, bias=False)
+        mark(self, "dt_bias", 0)
+        mark(self, "A_log", 0)
+        self.b_proj = column(D, H * par.size, par, "KDA b")
         self.g_a_proj = nn.Linear(D, K, bias=False)
-        self.g_b_proj = nn.Linear(K, H * K, bias=False)
+        self.g_b_proj = column(K, H * K * par.size, par, "KDA g_b")
         self.o_norm = nn.Module()
         self.o_norm.weight = _param(K)
-        self.o_proj = nn.Linear(H * K, D, bias=False)
+        self.o_proj = row(H * K * par.size, D, par, "KDA o")
 
     def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
         """x [T, D] packed tokens of `batch`; states read from and written to `cache`'s slots
@@ -64,4 +71,4 @@ class KimiDeltaAttention(nn.Module):
                                 cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)   # [T, H, V]
         gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
         o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
-        return self.o_proj(o.reshape(T, H * K))
+        return self.par.all_reduce(self.o_proj(o.reshape(T, H * K)))

@@ -17,13 +17,14 @@ from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
 from .layers import MLP, MoE, RMSNorm
 from .mla import MLAttention
+from .parallel import SINGLE, Parallel, VocabEmbedding, column
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: KimiLinearConfig, i: int):
+    def __init__(self, c: KimiLinearConfig, i: int, par: Parallel = SINGLE):
         super().__init__()
-        self.self_attn = KimiDeltaAttention(c, i) if c.layer_types[i] == "kda" else MLAttention(c, i)
-        self.mlp = MoE(c) if c.mlp_types[i] == "moe" else MLP(c.hidden_size, c.intermediate_size)
+        self.self_attn = KimiDeltaAttention(c, i, par) if c.layer_types[i] == "kda" else MLAttention(c, i, par)
+        self.mlp = MoE(c, par) if c.mlp_types[i] == "moe" else MLP(c.hidden_size, c.intermediate_size, par)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -33,19 +34,21 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, c: KimiLinearConfig):
+    def __init__(self, c: KimiLinearConfig, par: Parallel = SINGLE):
         super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, par)
+        self.layers = nn.ModuleList(DecoderLayer(c, i, par) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class KimiLinearForCausalLM(nn.Module):
-    def __init__(self, config: KimiLinearConfig):
+    def __init__(self, config: KimiLinearConfig, par: Parallel = SINGLE):
+        """par: this process's rank of a tensor-parallel group (kernelgate.models.parallel);
+        the vocabulary-parallel logits are gathered, so step() / forward() return all of V."""
         super().__init__()
-        self.config = config
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.config, self.par = config, par
+        self.model = Backbone(config, par)
+        self.lm_head = column(config.hidden_size, config.vocab_size, par, "vocab_size")
         self.tokenizer = None
         self.requires_grad_(False)
 
@@ -58,7 +61,11 @@ class KimiLinearForCausalLM(nn.Module):
         return self.lm_head.weight.dtype
 
     def new_cache(self, num_slots: int, num_blocks: int, block_size: int) -> KVCache:
-        return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype)
+        return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype, self.par.size)
+
+    @property
+    def tp_size(self) -> int:
+        return self.par.size
 
     def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """tokens [T] packed -> final normed hidden states [T, D]."""
@@ -71,7 +78,7 @@ class KimiLinearForCausalLM(nn.Module):
     def step(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
         h = self.hidden(tokens, batch, cache)
-        return self.lm_head(h[batch.last_token_index]).float()
+        return self.par.gather_last(self.lm_head(h[batch.last_token_index]).float())
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -89,7 +96,7 @@ class KimiLinearForCausalLM(nn.Module):
         if T == 1:   # a one-token forward is a prefill, not a decode step from existing state
             batch.decode = False
         h = self.hidden(token_ids.reshape(-1), batch, cache)
-        return self.lm_head(h).view(B, T, -1)
+        return self.par.gather_last(self.lm_head(h)).view(B, T, -1)
 
 
 def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.02) -> KimiLinearForCausalLM:
@@ -116,15 +123,17 @@ def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.0
 FP32_PARAMS = ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")
 
 
-def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0):
+def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0,
+          par: Parallel = SINGLE):
     """A model with `config`; seeded random weights unless seed is None (then uninitialised).
     Every parameter is allocated once, in its final dtype, on `device` (router / decay
-    parameters in fp32: FP32_PARAMS): no fp32 or host copy of the model is ever made."""
+    parameters in fp32: FP32_PARAMS): no fp32 or host copy of the model is ever made.
+    par: build this rank's shard (parameters at their shard's size; fill it with the loader)."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
     device = torch.device(device or "cpu")
     with torch.device("meta"):
-        model = KimiLinearForCausalLM(config)
+        model = KimiLinearForCausalLM(config, par)
     for mod_name, mod in model.named_modules():
         for pname, p in list(mod._parameters.items()):
             if p is None:

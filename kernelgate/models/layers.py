@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, streams
+from .parallel import SINGLE, column, mark, row
 
 
 def _param(*shape, dtype=None) -> nn.Parameter:
@@ -29,15 +30,19 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x)); the dense first layer(s) and the shared expert."""
 
-    def __init__(self, hidden: int, inter: int):
+    def __init__(self, hidden: int, inter: int, par=SINGLE, reduce: bool = True):
+        """Tensor parallel: gate|up column-split, down row-split; reduce=False leaves the partial
+        sum to the caller (the MoE folds the shared expert into its one all-reduce)."""
         super().__init__()
-        self.inter = inter
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.par, self.reduce = par, reduce
+        self.inter = par.split(inter, "the MLP's intermediate size")
+        self.gate_up_proj = column(hidden, 2 * inter, par, "MLP gate|up", 2)
+        self.down_proj = row(inter, hidden, par, "MLP down")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)   # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        out = self.down_proj(F.silu(gate) * up)
+        return self.par.all_reduce(out) if self.reduce else out
 
 
 class Router(nn.Module):
@@ -58,9 +63,21 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    def __init__(self, c):
+    """Expert parallel: this rank's E / size experts, whole (ids first_expert..); otherwise every
+    expert with its intermediate size split (gate|up rows, down columns)."""
+
+    def __init__(self, c, par=SINGLE):
         super().__init__()
         E, D, I = c.num_experts, c.hidden_size, c.moe_intermediate_size
+        if par.expert_parallel:
+            E = par.split(E, "num_experts (enable_expert_parallel)")
+            mark(self, "gate_up_proj", 0)
+            mark(self, "down_proj", 0)
+        else:
+            I = par.split(I, "moe_intermediate_size (expert-internal tensor parallel)")
+            mark(self, "gate_up_proj", 1, 2)
+            mark(self, "down_proj", 2)
+        self.first_expert = par.rank * E if par.expert_parallel else 0
         self.gate_up_proj = _param(E, 2 * I, D)                     # gate rows first, then up
         self.down_proj = _param(E, D, I)
 
@@ -69,12 +86,15 @@ class MoE(nn.Module):
     """Routed experts + shared expert; the shared expert runs on a side stream where the
     platform has one (kernelgate.streams), serially otherwise."""
 
-    def __init__(self, c):
+    def __init__(self, c, par=SINGLE):
+        """Tensor / expert parallel: the router is replicated (every rank routes identically);
+        routed and shared experts give partial sums, reduced by one all-reduce."""
         super().__init__()
+        self.par = par
         self.gate = Router(c)
-        self.experts = Experts(c)
-        self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts) \
-            if c.num_shared_experts else None
+        self.experts = Experts(c, par)
+        self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts, par,
+                                  reduce=False) if c.num_shared_experts else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         side = streams.side_stream(x.device) if self.shared_experts is not None else None
@@ -83,8 +103,10 @@ class MoE(nn.Module):
             with streams.on(side):
                 shared = self.shared_experts(x)                     # [T, D]
         weights, ids = self.gate(x)                                 # [T, k] fp32, [T, k] int32
+        if self.experts.first_expert:
+            ids = ids - self.experts.first_expert   # other ranks' experts fall outside [0, E_local): skipped
         out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if shared is not None:
             streams.join(side)
             out = out + shared
-        return out
+        return self.par.all_reduce(out)

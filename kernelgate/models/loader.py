@@ -23,7 +23,8 @@ import torch
 from ..platform import KernelgateError, default_device
 from .config import KimiLinearConfig
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
-from .safetensors_file import SafetensorsFile, Stager, read_into
+from .parallel import SINGLE, Parallel, shard_specs
+from .safetensors_file import SafetensorsFile, Stager, read_into, read_slice_into
 
 _RENAMES = [(re.compile(r"\.block_sparse_moe\."), ".mlp."),
             (re.compile(r"\.self_attn\.forget_gate\."), ".self_attn.")]
@@ -58,6 +59,9 @@ class _Tensors:
 
     def copy(self, name, dest: torch.Tensor, stager) -> None:
         dest.copy_(self.where[name].reshape(dest.shape))
+
+    def copy_slice(self, name, dest: torch.Tensor, dim: int, a: int, b: int, stager) -> None:
+        dest.copy_(self.where[name].narrow(dim, a, b - a).reshape(dest.shape))
 
     def close(self) -> None:
         pass
@@ -103,6 +107,13 @@ class _Checkpoint:
             fh = self._handles[f.path] = open(f.path, "rb", buffering=0)
         read_into(f, info, dest, stager, fh)
 
+    def copy_slice(self, name, dest: torch.Tensor, dim: int, a: int, b: int, stager) -> None:
+        f, info = self.where[name]
+        fh = self._handles.get(f.path)
+        if fh is None:
+            fh = self._handles[f.path] = open(f.path, "rb", buffering=0)
+        read_slice_into(f, info, dest, dim, a, b, stager, fh)
+
     def close(self) -> None:
         for fh in self._handles.values():
             fh.close()
@@ -125,7 +136,8 @@ def _recipes(name: str, shape: tuple, c: KimiLinearConfig):
     [[(source, destination slice of the parameter), ...], ...]; a slice is an index tuple."""
     if name.endswith("self_attn.qkv_proj.weight"):
         base, C = name[: -len("qkv_proj.weight")], shape[0] // 3
-        return [[(base + f"{x}_proj.weight", (slice(i * C, (i + 1) * C),)) for i, x in enumerate("qkv")]]
+        return [[(name, ())],
+                [(base + f"{x}_proj.weight", (slice(i * C, (i + 1) * C),)) for i, x in enumerate("qkv")]]
     if name.endswith("self_attn.conv1d.weight"):
         base, C = name[: -len("conv1d.weight")], shape[0] // 3
         return [[(name, ())],
@@ -140,7 +152,7 @@ def _recipes(name: str, shape: tuple, c: KimiLinearConfig):
         return [[(name, ())], [(base + f"{e}.w2.weight", (e,)) for e in range(c.num_experts)]]
     if name.endswith("gate_up_proj.weight"):
         base, I = name[: -len("gate_up_proj.weight")], shape[0] // 2
-        return [[(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
+        return [[(name, ())], [(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
     if name == "lm_head.weight" and c.tie_word_embeddings:
         return [[(name, ())], [("model.embed_tokens.weight", ())]]
     return [[(name, ())]]
@@ -151,12 +163,22 @@ def _fits(src: tuple, dst: tuple) -> bool:
     return tuple(d for d in src if d != 1) == tuple(d for d in dst if d != 1)
 
 
+def _full_shape(p: torch.Tensor, spec, size: int) -> tuple:
+    shape = list(p.shape)
+    if spec is not None:
+        shape[spec[0]] *= size
+    return tuple(shape)
+
+
 def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
     """Check every parameter against the checkpoint headers (nothing read yet) ->
-    [(param, [(source, slice)])]; every mismatch is reported together in one error."""
+    [(param, [(source, slice)])]; every mismatch is reported together in one error.
+    Shapes and slices are those of the full (unsharded) parameter."""
     plan, used, missing, misshaped, wrong_dtype = [], set(), [], [], []
+    specs, size = shard_specs(model), model.par.size
     for name, p in model.named_parameters():
-        recipes = _recipes(name, tuple(p.shape), model.config)
+        full = torch.empty(_full_shape(p, specs.get(name), size), device="meta")
+        recipes = _recipes(name, tuple(full.shape), model.config)
         found = next((r for r in recipes if all(s in ckpt for s, _ in r)), None)
         if found is None:
             # report against the layout the checkpoint is closest to; its present parts are not "unexpected"
@@ -169,7 +191,7 @@ def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
         used.update(s for s, _ in found)
         ok = True
         for src, idx in found:
-            want = tuple(p[idx].shape) if idx else tuple(p.shape)
+            want = tuple(full[idx].shape) if idx else tuple(full.shape)
             if not _fits(ckpt.shape(src), want):
                 where = "model" if src == name else f"model slice {list(idx) if idx else ''}".rstrip()
                 label = name if src == name else f"{name} <- {src}"
@@ -180,7 +202,7 @@ def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
                                    f"for a floating point parameter")
                 ok = False
         if ok:
-            plan.append((p, found))
+            plan.append((name, p, found))
     unexpected = sorted(n for n in ckpt.where if n not in used and not _IGNORED.search(n))
     if missing or unexpected or misshaped or wrong_dtype:
         def lst(title, items):
@@ -209,20 +231,57 @@ def _progress(total: int):
     return (lambda n: bar.update(task, advance=n)), bar.stop
 
 
+def _pieces(p, spec, par: Parallel, src_shape: tuple, idx: tuple) -> list:
+    """What this rank reads of source tensor `src_shape`, destined for `full[idx]` of a parameter
+    whose full form is split by `spec` (dim, segments): [(destination view of p, source dim,
+    a, b)] (source dim None: the whole source tensor)."""
+    if spec is None or par.size == 1:
+        return [(p[idx] if idx else p, None, 0, 0)]
+    d, segments = spec
+    full = _full_shape(p, spec, par.size)
+    idx = tuple(idx) + (slice(None),) * (len(full) - len(idx))
+    if isinstance(idx[d], int):           # one expert of an expert-parallel tensor: ours or not
+        lo = par.rank * p.shape[d]
+        if not lo <= idx[d] < lo + p.shape[d]:
+            return []
+        return [(p[idx[:d] + (idx[d] - lo,) + idx[d + 1:]], None, 0, 0)]
+    a0, a1, _ = idx[d].indices(full[d])
+    view = torch.empty(full, device="meta")[idx]
+    vd = d - sum(isinstance(i, int) for i in idx[:d])       # the split dim inside full[idx]
+    # size-1 dims differ between checkpoint and parameter ([C, 1, W] -> [C, W]): match the others
+    k = [i for i, s in enumerate(view.shape) if s != 1].index(vd)
+    sd = [i for i, s in enumerate(src_shape) if s != 1][k]
+    out = []
+    for g0, l0, n in par.part(full[d], segments):
+        lo, hi = max(a0, g0), min(a1, g0 + n)
+        if lo < hi:
+            dst = idx[:d] + (slice(l0 + lo - g0, l0 + hi - g0),) + idx[d + 1:]
+            out.append((p[dst], sd, lo - a0, hi - a0))
+    return out
+
+
 def load_weights(model: KimiLinearForCausalLM, source) -> None:
     """Fill the model's parameters from a checkpoint folder, or a dict of tensors in either
-    layout, one source tensor at a time straight into its parameter (or slice of one)."""
+    layout, one source tensor at a time straight into its parameter (or slice of one). A
+    tensor-parallel shard (model.par) reads only its rows / columns of each tensor."""
     ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
     ckpt.folder = "tensors" if isinstance(source, dict) else source
+    specs = shard_specs(model)
     try:
         plan = _plan(model, ckpt)
-        update, close = _progress(sum(ckpt.nbytes(s) for _, srcs in plan for s, _ in srcs))
+        jobs = [(src, piece) for name, p, sources in plan for src, idx in sources
+                for piece in _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx)]
+        nbytes = [ckpt.nbytes(src) * (1 if sd is None else (b - a) / ckpt.shape(src)[sd])
+                  for src, (_, sd, a, b) in jobs]
+        update, close = _progress(int(sum(nbytes)))
         stager = Stager(model.device)
         try:
-            for p, sources in plan:
-                for src, idx in sources:
-                    ckpt.copy(src, p[idx] if idx else p, stager)
-                    update(ckpt.nbytes(src))
+            for (src, (dest, sd, a, b)), nb in zip(jobs, nbytes):
+                if sd is None:
+                    ckpt.copy(src, dest, stager)
+                else:
+                    ckpt.copy_slice(src, dest, sd, a, b, stager)
+                update(int(nb))
             stager.finish()
         finally:
             close()
@@ -265,8 +324,9 @@ def load_tokenizer(folder: Path):
         return None
 
 
-def load_model(path, device=None, dtype=None) -> KimiLinearForCausalLM:
-    """Load a Kimi Linear checkpoint folder. dtype: None = the checkpoint's (config "dtype")."""
+def load_model(path, device=None, dtype=None, par: Parallel = SINGLE) -> KimiLinearForCausalLM:
+    """Load a Kimi Linear checkpoint folder. dtype: None = the checkpoint's (config "dtype").
+    par: load only this rank's shard (kernelgate.models.parallel)."""
     if not isinstance(path, (str, os.PathLike)):
         raise KernelgateError(f"load_model: path must be a folder path (str or os.PathLike), got {type(path).__name__}")
     folder = Path(path)
@@ -274,11 +334,24 @@ def load_model(path, device=None, dtype=None) -> KimiLinearForCausalLM:
         raise KernelgateError(f"load_model: {path} is not a folder")
     config = KimiLinearConfig.from_file(folder)
     dt = _dtype(dtype, config)
-    model = build(config, device=_device(device), dtype=dt, seed=None)
+    model = build(config, device=_device(device), dtype=dt, seed=None, par=par)
     with torch.no_grad():
         load_weights(model, folder)
     model.tokenizer = load_tokenizer(folder)
     return model
 
 
-__all__ = ["load_model", "load_weights", "FP32_PARAMS"]
+def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
+    """Write a (single-process) model as config.json + model.safetensors in this package's own
+    parameter names, which load_model reads back (whole, or one shard per rank)."""
+    from safetensors.torch import save_file
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg["dtype"] = str(model.dtype).replace("torch.", "")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}, str(folder / "model.safetensors"))
+    return folder
+
+
+__all__ = ["load_model", "load_weights", "save_checkpoint", "FP32_PARAMS"]

@@ -18,26 +18,30 @@ from torch import nn
 
 from .. import ops
 from .layers import RMSNorm
+from .parallel import SINGLE, column, row
 
 
 class MLAttention(nn.Module):
-    def __init__(self, c, layer_idx: int):
+    def __init__(self, c, layer_idx: int, par=SINGLE):
+        """Tensor parallel: this rank's H / size heads (q, kv_b, o_proj's input); the latent
+        projections (q_a, kv_a) and the latent cache are replicated; o_proj gives a partial sum."""
         super().__init__()
-        self.layer_idx = layer_idx
-        self.H, self.R, self.Dr = c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim
+        self.layer_idx, self.par = layer_idx, par
+        self.H = par.split(c.num_attention_heads, "num_attention_heads (MLA heads)")
+        self.R, self.Dr = c.kv_lora_rank, c.qk_rope_head_dim
         self.Dn, self.Dv = c.qk_nope_head_dim, c.v_head_dim
         self.scale = c.qk_head_dim ** -0.5
-        H, D = self.H, c.hidden_size
+        H, D, n = self.H, c.hidden_size, par.size
         if c.q_lora_rank is None:
-            self.q_proj = nn.Linear(D, H * c.qk_head_dim, bias=False)
+            self.q_proj = column(D, n * H * c.qk_head_dim, par, "MLA q")
         else:
             self.q_a_proj = nn.Linear(D, c.q_lora_rank, bias=False)
             self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
-            self.q_b_proj = nn.Linear(c.q_lora_rank, H * c.qk_head_dim, bias=False)
+            self.q_b_proj = column(c.q_lora_rank, n * H * c.qk_head_dim, par, "MLA q_b")
         self.kv_a_proj_with_mqa = nn.Linear(D, self.R + self.Dr, bias=False)
         self.kv_a_layernorm = RMSNorm(self.R, c.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(self.R, H * (self.Dn + self.Dv), bias=False)
-        self.o_proj = nn.Linear(H * self.Dv, D, bias=False)
+        self.kv_b_proj = column(self.R, n * H * (self.Dn + self.Dv), par, "MLA kv_b")
+        self.o_proj = row(n * H * self.Dv, D, par, "MLA o")
 
     def _q(self, x):
         if hasattr(self, "q_proj"):
@@ -67,4 +71,4 @@ class MLAttention(nn.Module):
             cu = batch.cu_seqlens if batch.cu_seqlens_cpu is None else batch.cu_seqlens_cpu
             lens = batch.seq_lens if batch.seq_lens_cpu is None else batch.seq_lens_cpu
             o = ops.mla_prefill(q, kv, batch.block_table, cu, lens, w_kv, self.scale, self.Dv)   # [T, H, Dv]
-        return self.o_proj(o.reshape(T, self.H * self.Dv))
+        return self.par.all_reduce(self.o_proj(o.reshape(T, self.H * self.Dv)))

@@ -26,6 +26,7 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 STAGE_BYTES = 64 << 20
 MAX_HEADER = 100 << 20
+bytes_read = [0]          # bytes this process has read from checkpoint data (tests count shard reads)
 
 
 class TensorInfo:
@@ -126,6 +127,7 @@ def _readinto(f, view: memoryview, offset: int, path: str) -> None:
         if not n:
             raise KernelgateError(f"load_model: {path}: file ended while reading (truncated)")
         got += n
+    bytes_read[0] += got
 
 
 def read_into(file: SafetensorsFile, info: TensorInfo, dest: torch.Tensor, stager: Stager, fh) -> None:
@@ -147,4 +149,32 @@ def read_into(file: SafetensorsFile, info: TensorInfo, dest: torch.Tensor, stage
             buf = torch.empty(nb, dtype=torch.uint8)
         _readinto(fh, memoryview(buf.numpy()), start + a * info.dtype.itemsize, file.path)
         flat[a:b].copy_(buf.view(info.dtype), non_blocking=stager.accel)
+        stager.issued()
+
+
+def read_slice_into(file: SafetensorsFile, info: TensorInfo, dest: torch.Tensor, dim: int, a: int, b: int,
+                    stager: Stager, fh) -> None:
+    """Copy `info[..., a:b, ...]` (rows a..b-1 along `dim`) into `dest` (contiguous, same number of
+    elements) reading only those bytes: one read per run of contiguous bytes, staged in groups."""
+    if not dest.is_contiguous():          # e.g. one of gate|up across all experts: via a temporary
+        tmp = torch.empty(dest.shape, dtype=dest.dtype, device=dest.device)
+        read_slice_into(file, info, tmp, dim, a, b, stager, fh)
+        stager.finish()
+        dest.copy_(tmp)
+        return
+    shape, item = info.shape, info.dtype.itemsize
+    outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+    piece = (b - a) * inner                                          # elements per outer index
+    rows = dest.view(outer, piece)
+    base = file.data_start + info.begin
+    per = max(1, STAGE_BYTES // max(1, piece * item))                # outer indices per staged group
+    for o0 in range(0, outer, per):
+        o1 = min(outer, o0 + per)
+        nb = (o1 - o0) * piece * item
+        buf = stager.take()[:nb] if stager.accel and nb <= stager.nbytes else torch.empty(nb, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        for o in range(o0, o1):
+            off = (o - o0) * piece * item
+            _readinto(fh, view[off:off + piece * item], base + (o * shape[dim] + a) * inner * item, file.path)
+        rows[o0:o1].copy_(buf.view(info.dtype).view(o1 - o0, piece), non_blocking=stager.accel)
         stager.issued()

@@ -1,0 +1,207 @@
+"""The driver's handle of a sharded model, and the runner that drives every rank.
+
+`ParallelModel` stands where a model does (config, tokenizer, device, `model(token_ids)`):
+rank 0 -- this process -- holds its own shard and tells the other ranks what to run. An
+`Engine` given one builds a `DriverRunner` on every rank in lockstep (each rank profiles and
+sizes its cache; they agree on the smallest block count); each step the driver's scheduler
+decides, `DriverRunner.run` broadcasts the step's metadata (tokens, lengths, slots, starts,
+block tables, slots / blocks to zero), every rank runs the same step on its shard (captured
+decode graphs included), and the driver samples from the gathered logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..engine.graphs import DecodeGraphs
+from ..engine.model_runner import ModelRunner
+from ..models.config import KimiLinearConfig
+from ..models.loader import _dtype, load_model, load_tokenizer, save_checkpoint
+from ..models.parallel import check_config
+from ..platform import KernelgateError
+from . import launch
+
+
+def reconcile(runner: ModelRunner, groups) -> None:
+    """Every rank takes the smallest cache block count any rank could afford."""
+    counts = groups.gather(runner.capacity.num_blocks)
+    least = min(counts)
+    if runner.capacity.num_blocks == least:
+        return
+    cap = dataclasses.replace(runner.capacity, num_blocks=least, source=runner.capacity.source + ", least over ranks")
+    runner.capacity = cap
+    runner.cache = None
+    runner.cache = runner.model.new_cache(cap.num_slots + 1, least + 1, runner.block_size)
+    runner.scratch = (cap.num_slots, least)
+    if runner.graphs is not None:
+        runner.graphs = DecodeGraphs(runner.model, runner.cache, runner.scratch, runner.max_model_len)
+
+
+class DriverRunner(ModelRunner):
+    """Rank 0's runner: each step's metadata goes to every rank before the shared step."""
+
+    def __init__(self, owner: "ParallelModel", *args):
+        self.owner = owner
+        super().__init__(owner.shard, *args)
+
+    def run(self, meta: dict) -> torch.Tensor:
+        w = self.owner.live()
+        try:
+            w.groups.broadcast(("step", meta))
+            return super().run(meta)
+        except KernelgateError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a collective failed: name the rank that died
+            raise w.failure(e) from None
+
+
+class ParallelModel:
+    """A Kimi Linear model sharded over `size` processes (tensor parallel; expert parallel for
+    the routed experts when `expert_parallel`). source: a checkpoint folder, or a model in this
+    process (written once to a temporary checkpoint that every rank reads its slices of)."""
+
+    def __init__(self, source, size: int, expert_parallel: bool = False, dtype=None):
+        self._tmp = None
+        launch.check_world_size(size)
+        if isinstance(source, (str, Path)):
+            folder = Path(source)
+            if not folder.is_dir():
+                raise KernelgateError(f"load_model: {source} is not a folder")
+            config = KimiLinearConfig.from_file(folder)
+            tokenizer = None
+        else:
+            config, tokenizer = source.config, getattr(source, "tokenizer", None)
+            self._tmp = tempfile.TemporaryDirectory(prefix="kernelgate-tp-")
+            folder = save_checkpoint(source, self._tmp.name)
+            dtype = dtype or source.dtype
+        launch.check_world_size(size)
+        check_config(config, size, expert_parallel)       # before any process starts
+        dt = _dtype(dtype, config)
+        self.size, self.expert_parallel, self.config = size, expert_parallel, config
+        self.workers = w = launch.workers(size)
+        if w.owner is not None and w.owner is not self:
+            w.owner._detach()
+        w.owner = self
+        arg = {"path": str(folder), "dtype": dt, "expert_parallel": expert_parallel}
+        self.shard = None
+        try:
+            w.groups.broadcast(("load", arg))
+            err = None
+            try:
+                self.shard = load_model(folder, device=w.groups.device, dtype=dt,
+                                        par=w.groups.parallel(expert_parallel))
+            except Exception as e:  # noqa: BLE001 - the other ranks still gather
+                err = e
+            errs = w.groups.gather(None if err is None else str(err))
+        except Exception as e:  # noqa: BLE001
+            raise w.failure(e) from None
+        if err is not None:
+            raise err
+        bad = [(r, m) for r, m in enumerate(errs) if m is not None and r != 0]
+        if bad:
+            raise KernelgateError(f"tensor parallel: rank {bad[0][0]}: {bad[0][1]}")
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(folder)
+
+    # ---- model-like surface
+    @property
+    def device(self) -> torch.device:
+        self.live()
+        return self.shard.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shard.dtype
+
+    @property
+    def tp_size(self) -> int:
+        return self.size
+
+    def live(self):
+        if self.shard is None:
+            raise KernelgateError("tensor parallel: this model's ranks now hold another model (or were closed)")
+        if self.workers.closed:
+            raise KernelgateError("tensor parallel: the worker ranks are gone "
+                                  + (f"({self.workers.message()})" if self.workers.failed else "(closed)"))
+        return self.workers
+
+    def _detach(self) -> None:
+        self.shard = None
+
+    @torch.inference_mode()
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [B, T] -> logits [B, T, V] (gathered over the vocab-parallel ranks)."""
+        w = self.live()
+        token_ids = torch.as_tensor(token_ids).cpu()
+        V = self.config.vocab_size
+        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= V):
+            # each rank masks the ids outside its vocabulary rows: out of range would read as zeros
+            raise KernelgateError(f"ParallelModel: token ids must be in [0, {V}), got "
+                                  f"[{int(token_ids.min())}, {int(token_ids.max())}]")
+        try:
+            w.groups.broadcast(("forward", token_ids))
+            return self.shard(token_ids)
+        except KernelgateError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise w.failure(e) from None
+
+    def make_runner(self, *args) -> DriverRunner:
+        """ModelRunner(*args) on every rank (they profile together), one block count for all."""
+        w = self.live()
+        try:
+            w.groups.broadcast(("runner", args))
+            err, runner = None, None
+            try:
+                runner = DriverRunner(self, *args)
+            except Exception as e:  # noqa: BLE001
+                err = e
+            errs = w.groups.gather(None if err is None else str(err))
+            if err is not None:
+                raise err
+            bad = [(r, m) for r, m in enumerate(errs) if m is not None]
+            if bad:
+                raise KernelgateError(f"tensor parallel: rank {bad[0][0]}: {bad[0][1]}")
+            reconcile(runner, w.groups)
+            return runner
+        except KernelgateError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise w.failure(e) from None
+
+    def rank_stats(self) -> list:
+        """Per rank: {device, peak_bytes, allocated_bytes} of device memory (None on the CPU)."""
+        from .worker import device_stats
+        w = self.live()
+        try:
+            w.groups.broadcast(("stats", None))
+            return w.groups.gather(device_stats(w.groups.device))
+        except Exception as e:  # noqa: BLE001
+            raise w.failure(e) from None
+
+    def close(self) -> None:
+        """Stop the worker ranks."""
+        if self.shard is not None:
+            self.shard = None
+            self.workers.close()
+
+
+def parallelize(model, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False):
+    """`model` as a ParallelModel of tensor_parallel_size ranks (a ParallelModel passes through;
+    reused while it still holds its ranks)."""
+    if isinstance(model, ParallelModel):
+        if tensor_parallel_size not in (1, model.size) or (enable_expert_parallel and not model.expert_parallel):
+            raise KernelgateError(f"tensor_parallel_size {tensor_parallel_size} / enable_expert_parallel "
+                                  f"{enable_expert_parallel}: the model is already split over {model.size} ranks "
+                                  f"(expert parallel {model.expert_parallel})")
+        return model
+    cached = getattr(model, "_kernelgate_parallel", None)
+    if cached is not None and cached.shard is not None and not cached.workers.closed \
+            and (cached.size, cached.expert_parallel) == (tensor_parallel_size, enable_expert_parallel):
+        return cached
+    pm = ParallelModel(model, tensor_parallel_size, enable_expert_parallel)
+    if not isinstance(model, (str, Path)):
+        model._kernelgate_parallel = pm
+    return pm

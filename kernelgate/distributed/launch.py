@@ -1,0 +1,219 @@
+"""Start the worker ranks and watch them.
+
+`Workers.spawn(n)`: this process becomes rank 0 (the driver); ranks 1..n-1 are fresh
+interpreters (`python -m kernelgate.distributed`) that rendezvous on a TCPStore at a free
+port of 127.0.0.1. `Workers.from_env()`: a torchrun-style launch (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT); ranks > 0 serve the driver and exit with it.
+
+A monitor thread watches the spawned processes: a rank that exits is recorded with its
+cause (its own report, or its exit code / signal). The driver's next collective then fails
+(Gloo: the peer's sockets close) and `failure()` turns that into one error naming the rank;
+where a collective would hang instead (a device backend waits for its peer), the monitor
+ends the job itself after a grace period, with the same message.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..platform import KernelgateError
+from .group import Groups, check_world_size
+from .worker import Worker
+
+START_TIMEOUT_S = 120.0      # all ranks must join by then (a rank that dies says so at once)
+GRACE_S = 10.0               # a dead rank not surfaced by the driver by then ends the job
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cause(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Workers:
+    def __init__(self, groups: Groups | None, procs: list, store, size: int):
+        self.groups, self.procs, self.store = groups, procs, store
+        self.size = size
+        self.failed: tuple | None = None       # (rank, cause)
+        self.surfaced = False
+        self.closed = False
+        self.owner = None                      # the ParallelModel whose shard the ranks hold
+        if procs:
+            threading.Thread(target=self._monitor, daemon=True).start()
+        atexit.register(self.close)
+
+    # ---- start
+    @classmethod
+    def spawn(cls, size: int) -> "Workers":
+        check_world_size(size)
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        host, port = "127.0.0.1", _free_port()
+        store = dist.TCPStore(host, port, size, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=START_TIMEOUT_S))
+        # a fresh interpreter per rank (not multiprocessing's spawn: that re-runs the caller's __main__)
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "NCCL_NVLS_ENABLE": "0",
+               "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        procs = [subprocess.Popen([sys.executable, "-m", "kernelgate.distributed", str(r), str(size), host,
+                                   str(port)], env=env) for r in range(1, size)]
+        t0 = time.monotonic()
+        for r, p in enumerate(procs, start=1):     # wait for each rank, or its death
+            while not store.check([f"kernelgate/ready/{r}"]):
+                if p.poll() is not None:
+                    msg = _report(store, r) or _cause(p.returncode)
+                    _kill(procs)
+                    raise KernelgateError(f"tensor parallel: rank {r} failed to start: {msg}")
+                if time.monotonic() - t0 > START_TIMEOUT_S:
+                    _kill(procs)
+                    raise KernelgateError(f"tensor parallel: rank {r} did not start within {START_TIMEOUT_S:.0f} s")
+                time.sleep(0.02)
+        # watched from here on: a rank dying in the rendezvous ends the job. The monitor reads the
+        # workers' reports through its own store connection (the driver's may be blocked in a wait)
+        monitor_store = dist.TCPStore(host, port, size, is_master=False, timeout=timedelta(seconds=10))
+        w = cls(None, procs, monitor_store, size)
+        try:
+            w.groups = Groups(0, size, store, 0)
+        except Exception as e:  # noqa: BLE001
+            w.closed = True
+            _kill(procs)
+            raise KernelgateError(f"tensor parallel: process group did not form: {type(e).__name__}: {e}") from None
+        return w
+
+    @classmethod
+    def from_env(cls) -> "Workers":
+        """torchrun: every rank runs the caller's script; ranks > 0 serve rank 0, then exit."""
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        groups = Groups(rank, size, None, local)
+        if rank != 0:
+            Worker(groups).serve()
+            sys.exit(0)
+        return cls(groups, [], None, size)
+
+    # ---- faults
+    def _monitor(self) -> None:
+        while not self.closed:
+            for r, p in enumerate(self.procs, start=1):
+                if p.poll() is not None and not self.closed:
+                    time.sleep(0.05)         # its last words may still be on the way
+                    report = _report(self.store, r)
+                    self.failed = (r, f"{_cause(p.returncode)}" + (f": {report}" if report else ""))
+                    deadline = time.monotonic() + GRACE_S
+                    while time.monotonic() < deadline and not self.surfaced:
+                        time.sleep(0.05)
+                    if not self.surfaced:
+                        print(f"kernelgate: {self.message()}; ending the job", file=sys.stderr, flush=True)
+                        _kill(self.procs)
+                        os._exit(1)
+                    return
+            time.sleep(0.1)
+
+    def message(self) -> str:
+        r, cause = self.failed
+        return f"tensor parallel: rank {r} of {self.size} died ({cause})"
+
+    def failure(self, e: BaseException) -> KernelgateError:
+        """The error to raise for a collective that failed with `e`: names the dead rank if any."""
+        deadline = time.monotonic() + 5.0
+        while self.failed is None and time.monotonic() < deadline and self.procs:
+            time.sleep(0.05)
+        self.surfaced = True
+        if self.failed is None:
+            return KernelgateError(f"tensor parallel: collective failed on the driver: {type(e).__name__}: {e}")
+        msg = self.message()
+        self.abandon()
+        return KernelgateError(msg)
+
+    def abandon(self) -> None:
+        """After a fault: stop every rank; this group cannot be used again."""
+        self.closed = True
+        _kill(self.procs)
+        _forget(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.groups is not None:
+                self.groups.broadcast(("exit", None))
+        except Exception:  # noqa: BLE001 - a rank already gone
+            pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill(self.procs)
+        _forget(self)
+
+
+def _report(store, rank: int) -> str | None:
+    key = f"kernelgate/error/{rank}"
+    try:
+        return store.get(key).decode() if store is not None and store.check([key]) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+_live: dict = {}
+
+
+def _forget(w: Workers) -> None:
+    if _live.get("workers") is w:
+        del _live["workers"]
+    try:
+        if w.groups is not None:
+            w.groups.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def workers(size: int) -> Workers:
+    """The process's worker group of `size` ranks (one per process: torch.distributed has one
+    default group); reused across models and engines, replaced when the size changes."""
+    w = _live.get("workers")
+    if w is not None and w.size == size and not w.closed:
+        return w
+    if w is not None:
+        w.close()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_PORT" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != size:
+            raise KernelgateError(f"tensor_parallel_size {size} != WORLD_SIZE {os.environ['WORLD_SIZE']} of the launcher")
+        w = Workers.from_env()
+    else:
+        w = Workers.spawn(size)
+    _live["workers"] = w
+    return w

@@ -1,0 +1,126 @@
+"""Tensor / expert parallel pieces of the model: who holds which slice, and the collectives.
+
+A `Parallel` says which rank of how many this process is. Layers build their parameters at
+their shard's size and mark each sharded parameter with (dim, segments): the full tensor's
+`dim` is `segments` equal parts (q|k|v: 3, gate|up: 2) and rank r holds part r / size of
+every segment, in order. The loader reads exactly those slices; everything unmarked is
+replicated. Column-parallel outputs need no collective; a row-parallel output is a partial
+sum, reduced once per block (`all_reduce`). Vocab-parallel embedding masks the ids outside
+the rank's rows and sums over ranks; vocab-parallel logits are gathered along the vocab.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..platform import KernelgateError
+
+
+@dataclass
+class Parallel:
+    rank: int = 0
+    size: int = 1
+    expert_parallel: bool = False
+    group: object = None          # torch.distributed process group of the model's collectives
+
+    def split(self, n: int, what: str) -> int:
+        if n % self.size:
+            raise KernelgateError(f"tensor_parallel_size {self.size} does not divide {what} ({n})")
+        return n // self.size
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            torch.distributed.all_reduce(x, group=self.group)
+        return x
+
+    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each rank -> [..., size * n] on every rank (rank order)."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        torch.distributed.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=-1)
+
+    def part(self, full: int, segments: int = 1) -> list:
+        """[(full start, local start, length)] of this rank's piece of each segment of `full`."""
+        seg = full // segments
+        n = seg // self.size
+        return [(s * seg + self.rank * n, s * n, n) for s in range(segments)]
+
+
+SINGLE = Parallel()
+
+
+def check_config(c, size: int, expert_parallel: bool) -> None:
+    """Every split the model makes at `size` ranks, checked before any process starts."""
+    if size == 1:
+        return
+    p = Parallel(0, size, expert_parallel)
+    if "kda" in c.layer_types:
+        p.split(c.linear_num_heads, "linear_num_heads (KDA heads)")
+    if "mla" in c.layer_types:
+        p.split(c.num_attention_heads, "num_attention_heads (MLA heads)")
+    p.split(c.vocab_size, "vocab_size")
+    if "dense" in c.mlp_types:
+        p.split(c.intermediate_size, "intermediate_size")
+    if "moe" in c.mlp_types:
+        if c.num_shared_experts:
+            p.split(c.moe_intermediate_size * c.num_shared_experts, "the shared expert's intermediate size")
+        if expert_parallel:
+            p.split(c.num_experts, "num_experts (enable_expert_parallel)")
+        else:
+            p.split(c.moe_intermediate_size, "moe_intermediate_size (expert-internal tensor parallel; "
+                    "or enable_expert_parallel)")
+
+
+def mark(module: nn.Module, pname: str, dim: int, segments: int = 1) -> None:
+    """Parameter `pname` of `module` is this rank's part of a tensor split along `dim`."""
+    if "_tp_shards" not in module.__dict__:
+        module._tp_shards = {}
+    module._tp_shards[pname] = (dim, segments)
+
+
+def column(in_f: int, out_f: int, par: Parallel, what: str, segments: int = 1) -> nn.Linear:
+    """Linear whose output features (`segments` fused parts) are split over the ranks."""
+    lin = nn.Linear(in_f, par.split(out_f, what), bias=False)
+    mark(lin, "weight", 0, segments)
+    return lin
+
+
+def row(in_f: int, out_f: int, par: Parallel, what: str) -> nn.Linear:
+    """Linear whose input features are split: each rank's output is a partial sum."""
+    lin = nn.Linear(par.split(in_f, what), out_f, bias=False)
+    mark(lin, "weight", 1)
+    return lin
+
+
+def shard_specs(model: nn.Module) -> dict:
+    """{parameter name: (dim, segments)} of the sharded parameters."""
+    out = {}
+    for mn, m in model.named_modules():
+        for pn, spec in m.__dict__.get("_tp_shards", {}).items():
+            out[f"{mn}.{pn}" if mn else pn] = spec
+    return out
+
+
+class VocabEmbedding(nn.Module):
+    """Embedding whose rows (the vocabulary) are split over the ranks."""
+
+    def __init__(self, vocab: int, dim: int, par: Parallel):
+        super().__init__()
+        self.par = par
+        self.lo = par.rank * par.split(vocab, "vocab_size")
+        self.weight = nn.Parameter(torch.empty(vocab // par.size, dim), requires_grad=False)
+        mark(self, "weight", 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.par.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.lo
+        mine = (local >= 0) & (local < self.weight.shape[0])              # [T]
+        e = F.embedding(torch.where(mine, local, 0), self.weight)         # [T, D]
+        return self.par.all_reduce(e * mine.unsqueeze(-1).to(e.dtype))

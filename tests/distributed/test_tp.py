@@ -1,0 +1,146 @@
+"""Tensor / expert parallel on the CPU with Gloo: 2 ranks (this process is rank 0, the driver).
+
+The sharded model must give the single-process model's logits (fp32, rel 1e-5) and greedy
+tokens, with and without expert parallel, through kernelgate.generate / load_model; the
+loader must read only each rank's slices; bad sizes and a killed rank end with one clear
+error. One worker group is spawned per test process and reused (process startup dominates).
+"""
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate import platform
+from kernelgate.distributed import launch
+from kernelgate.models import build, tiny
+from kernelgate.models import safetensors_file
+from kernelgate.models.loader import load_model, save_checkpoint
+from kernelgate.models.parallel import Parallel, shard_specs
+
+PROMPTS = [[5], list(range(3, 66)), list(range(100, 163)) + [7, 8], [11, 12, 13]]   # T = 1, 63, 65, 3
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build(tiny(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def single(model):
+    """The single-process references: logits of a full forward, greedy tokens of generate()."""
+    ids = torch.tensor([list(range(40, 105))])                       # [1, 65]
+    gen = kernelgate.generate(model, PROMPTS, max_new_tokens=6, max_num_batched_tokens=32)
+    return ids, model(ids), [r.token_ids for r in gen]
+
+
+@pytest.mark.parametrize("name,backend", [("cuda", "nccl"), ("rocm", "nccl"), ("xpu", "xccl"),
+                                          ("npu", "hccl"), ("cpu", "gloo")])
+def test_collective_backend_declared_per_platform(name, backend):
+    with platform.simulate(name) as p:
+        got, reason = platform.collective_backend(p)
+        line = platform.collective_line(p)
+    assert got == backend and reason
+    assert line.startswith(f"collectives: {backend} (")
+    if name != platform.current().real and platform.COLLECTIVE_BACKENDS[platform.current().real][0] != backend:
+        assert "simulated: runs use" in line
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp", "ep"])
+def test_loader_reads_only_its_slices(model, tmp_path, ep):
+    save_checkpoint(model, tmp_path)
+    full = dict(model.named_parameters())
+    for r in range(2):
+        safetensors_file.bytes_read[0] = 0
+        shard = load_model(tmp_path, device="cpu", par=Parallel(r, 2, ep))
+        specs = shard_specs(shard)
+        want_bytes = 0
+        for n, p in shard.named_parameters():
+            f = full[n]
+            want_bytes += f.numel() * f.element_size() // (2 if n in specs else 1)
+            if n not in specs:
+                assert torch.equal(p, f), n
+                continue
+            dim, segments = specs[n]
+            assert torch.equal(p, torch.cat([s.chunk(2, dim)[r] for s in f.chunk(segments, dim)], dim)), n
+        assert safetensors_file.bytes_read[0] == want_bytes
+        # the routed experts are half of each rank's reads' worth of the checkpoint at most
+        assert "model.layers.1.mlp.experts.gate_up_proj" in specs
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp", "ep"])
+def test_loader_slices_a_released_layout_checkpoint(tmp_path, ep):
+    """HF save_pretrained's original format: separate q/k/v and conv [C, 1, W], A_log [1, 1, H, 1],
+    per-expert w1 / w2 / w3 (expert parallel: whole experts or none; otherwise strided row reads)."""
+    from helpers.kimi_hf import tiny_hf_model
+    tiny_hf_model().save_pretrained(tmp_path)
+    full = dict(load_model(tmp_path, device="cpu").named_parameters())
+    for r in range(2):
+        shard = load_model(tmp_path, device="cpu", par=Parallel(r, 2, ep))
+        specs = shard_specs(shard)
+        for n, p in shard.named_parameters():
+            f = full[n]
+            if n in specs:
+                dim, segments = specs[n]
+                f = torch.cat([s.chunk(2, dim)[r] for s in f.chunk(segments, dim)], dim)
+            assert torch.equal(p, f), n
+
+
+def test_bad_sizes_are_clear_errors(model, monkeypatch):
+    with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size 3 does not divide linear_num_heads"):
+        kernelgate.generate(model, [[1, 2]], tensor_parallel_size=3)
+    with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size must be an int >= 1, got 0"):
+        kernelgate.generate(model, [[1, 2]], tensor_parallel_size=0)
+    odd = build(tiny(num_experts=6), seed=0)
+    with pytest.raises(kernelgate.KernelgateError, match=r"does not divide num_experts \(enable_expert_parallel\) \(6\)"):
+        kernelgate.generate(odd, [[1, 2]], tensor_parallel_size=4, enable_expert_parallel=True)
+    from kernelgate.distributed import group
+    monkeypatch.setattr(group, "device_count", lambda: 1)
+    with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size 2 > the 1 cpu device\(s\) available"):
+        kernelgate.generate(model, [[1, 2]], tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
+def test_sharded_equals_single_process(model, single, ep):
+    ids, logits, tokens = single
+    out = kernelgate.generate(model, PROMPTS, max_new_tokens=6, max_num_batched_tokens=32,
+                              tensor_parallel_size=2, enable_expert_parallel=ep)
+    assert [r.token_ids for r in out] == tokens
+    pm = kernelgate.distributed.parallelize(model, 2, ep)
+    got = pm(ids)
+    assert got.shape == logits.shape
+    assert rel(got, logits) < 1e-5
+    with pytest.raises(kernelgate.KernelgateError, match=r"token ids must be in \[0, 512\), got \[3, 512\]"):
+        pm(torch.tensor([[3, 512]]))
+
+
+def test_load_model_tensor_parallel(model, single, tmp_path):
+    ids, logits, tokens = single
+    save_checkpoint(model, tmp_path)
+    pm = kernelgate.load_model(tmp_path, tensor_parallel_size=2, enable_expert_parallel=True)
+    assert rel(pm(ids), logits) < 1e-5
+    eng = kernelgate.engine.Engine(pm, max_num_seqs=4, max_model_len=80, max_num_batched_tokens=32)
+    out = kernelgate.generate(pm, PROMPTS, max_new_tokens=6, engine=eng)
+    assert [r.token_ids for r in out] == tokens
+
+
+def test_rank_stats_name_every_rank(model):
+    stats = kernelgate.distributed.parallelize(model, 2, True).rank_stats()
+    assert [s["device"] for s in stats] == ["cpu", "cpu"] and all(s["peak_bytes"] is None for s in stats)
+
+
+def test_killed_rank_ends_the_job_with_its_name(model):
+    pm = kernelgate.distributed.parallelize(model, 2, False)
+    w = pm.workers
+    w.procs[0].send_signal(signal.SIGKILL)
+    with pytest.raises(kernelgate.KernelgateError, match=r"tensor parallel: rank 1 of 2 died \(killed by signal SIGKILL\)"):
+        kernelgate.generate(model, PROMPTS[:2], max_new_tokens=4, tensor_parallel_size=2)
+    assert w.closed and launch._live.get("workers") is None
+    with pytest.raises(kernelgate.KernelgateError, match="worker ranks are gone"):
+        pm(torch.tensor([[1, 2]]))
