@@ -15,7 +15,7 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
           "float16": "float16", "fp16": "float16", "half": "float16"}
 
 ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "gpu_memory_utilization",
-                "block_size", "num_cache_blocks")
+                "block_size", "num_cache_blocks", "tensor_parallel_size", "enable_expert_parallel")
 
 
 def dtype(s: str) -> str:
@@ -93,6 +93,10 @@ def add_engine_args(p, max_num_seqs_default: int | None = None) -> None:
                    help="share of device memory to use (0, 1]")
     g.add_argument("--block-size", type=int_at_least(1), help="cache block size in tokens")
     g.add_argument("--num-cache-blocks", type=int_at_least(1), help="pin the number of cache blocks")
+    g.add_argument("--tensor-parallel-size", "--tp", type=int_at_least(1), dest="tensor_parallel_size",
+                   help="run the model sharded over N processes, one per device (default 1)")
+    g.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="with --tp N: each rank holds E/N routed experts instead of a slice of every expert")
 
 
 def engine_kwargs(args) -> dict:

@@ -26,5 +26,7 @@ def load(args):
     """(model, description) from --model / --device / --dtype."""
     from .. import load_model
     if args.model:
-        return load_model(args.model, device=args.device, dtype=args.dtype), args.model
+        tp = dict(tensor_parallel_size=getattr(args, "tensor_parallel_size", None) or 1,
+                  enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", None)))
+        return load_model(args.model, device=args.device, dtype=args.dtype, **tp), args.model
     return builtin_model(args.device, args.dtype), "built-in tiny Kimi Linear (seeded) + byte tokenizer"

@@ -144,3 +144,25 @@ def test_killed_rank_ends_the_job_with_its_name(model):
     assert w.closed and launch._live.get("workers") is None
     with pytest.raises(kernelgate.KernelgateError, match="worker ranks are gone"):
         pm(torch.tensor([[1, 2]]))
+
+
+def test_run_cli_tensor_parallel_equals_single_process():
+    """`kernelgate run --tp 2 --enable-expert-parallel --json` (the built-in model, Gloo ranks) gives
+    the single-process greedy tokens for the same prompts."""
+    import json
+    import subprocess
+    import sys
+
+    import kernelgate
+    from kernelgate.cli.model import builtin_model
+    cmd = [sys.executable, "-m", "kernelgate", "run", "--tp", "2", "--enable-expert-parallel", "--json",
+           "--prompt-ids", "5,17,300", "--prompt-ids", "9,2", "--batch", "2", "--max-new-tokens", "6", "--device", "cpu"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["engine"]["tensor_parallel_size"] == 2
+    got = [r["token_ids"] for r in report["results"]]
+    model = builtin_model("cpu")
+    want = [r.token_ids for r in kernelgate.generate(model, [[5, 17, 300], [9, 2]], max_new_tokens=6,
+                                                      stop_token_ids=list(model.config.eos_token_ids))]
+    assert got == want and all(len(t) >= 1 for t in got)
