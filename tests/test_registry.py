@@ -5,7 +5,8 @@ import warnings
 import pytest
 import torch
 
-from kernelgate import KernelgateError, cli, forcing, ops, registry
+from kernelgate import KernelgateError, forcing, ops, registry
+from kernelgate.cli import ops as cli_ops
 from kernelgate.registry import ALL_PLATFORMS, GPU_TRITON, FallbackWarning
 
 
@@ -216,7 +217,7 @@ def test_missing_module_is_a_reason_not_an_import_error(make_op):
     assert torch.equal(y, torch.full((2,), 2.0))
     reason = dict((i.name, r) for i, r in op.explain())["ghost"]
     assert reason.startswith("no_such_module does not import (ModuleNotFoundError")
-    entry = cli.doctor_report()["ops"][op.name]
+    entry = cli_ops.doctor_report()["ops"][op.name]
     assert entry["chosen"] == "native"
     assert [i["reason"] for i in entry["implementations"] if i["name"] == "ghost"] == [reason]
 
@@ -225,7 +226,7 @@ def test_supports_reason_shows_in_doctor(make_op):
     op = make_op("declared_reason", scale_ref)
     op.implementation("libless", tagged("libless"), provider="test", platforms=ALL_PLATFORMS,
                       requires=("no_such_library",), priority=10)
-    entry = cli.doctor_report()["ops"][op.name]
+    entry = cli_ops.doctor_report()["ops"][op.name]
     ghost = next(i for i in entry["implementations"] if i["name"] == "libless")
     assert "no_such_library does not import" in ghost["reason"] and not ghost["chosen"]
 

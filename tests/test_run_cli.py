@@ -37,7 +37,7 @@ def test_run_model_folder_and_platform(tmp_path, capsys):
 
 
 def test_run_prompt_ids_need_no_tokenizer_text_does(tmp_path, capsys):
-    from kimi_hf import tiny_hf_model
+    from helpers.kimi_hf import tiny_hf_model
     tiny_hf_model(seed=1).save_pretrained(tmp_path)          # a checkpoint without tokenizer files
     assert cli.main(["run", "--model", str(tmp_path), "--prompt", "hello"]) == 2
     assert "no tokenizer: give token ids with --prompt-ids 5,17,300" in capsys.readouterr().err
