@@ -72,7 +72,7 @@ def validate(x, weight, gate=None, eps=1e-6, group_size=None, norm_before_gate=T
 def _case(rows, D, *, gate=True, group_size=None, nbg=True, act="sigmoid", bias=False,
           residual=False, prenorm=False, rfp32=False):
     def make(device, dtype, gen):
-        r = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+        r = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)
         shape = rows + (D,)
         x = r(*shape)
         w = (1 + 0.1 * torch.randn(D, generator=gen)).to(device=device, dtype=dtype)
@@ -130,9 +130,10 @@ gated_rms_norm = declare(OP, gated_rms_norm_native, validate=validate, cases=cas
 
 # -- implementations ---------------------------------------------------------------------
 def _compiled_needs_gpu(x, *args, **kwargs):
-    # Compiled Triton launches on GPU tensors only; CPU tensors need TRITON_INTERPRET=1.
-    if x.device.type == "cpu" and not platform.interpreting():
-        return "x is a CPU tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
+    # Compiled Triton launches on the platform's device; tensors elsewhere need TRITON_INTERPRET=1.
+    # (compile_targets' stand-in GPU is a platform whose device is this machine's CPU.)
+    if x.device.type != platform.current().device and not platform.interpreting():
+        return f"x is a {x.device.type} tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
     return None
 
 
