@@ -195,14 +195,15 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
         bad += r["status"] == "FAILED"
     by = {}
     for r in rows:
-        t = by.setdefault(r["target"], [0, 0, 0, 0])
-        t[0] += len(r["specs"])
-        t[1] += r["status"] == "ok"
-        t[2] += r["status"] == "SKIPPED"
-        t[3] += r["status"] == "FAILED"
-    for name, (n, ok, skipped, failed) in by.items():
-        print(f"compile_targets {name}: {n} specialisations, {ok} implementations ok, "
-              f"{skipped} skipped, {failed} failed", file=out)
+        t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": ""})
+        if r["impl"] == "native":
+            t["native"] = f"; native code: {len(r['specs'])} zebin {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+            continue
+        t["specs"] += len(r["specs"])
+        t[r["status"]] += 1
+    for name, t in by.items():
+        print(f"compile_targets {name}: {t['specs']} specialisations, {t['ok']} implementations ok, "
+              f"{t['SKIPPED']} skipped, {t['FAILED']} failed{t['native']}", file=out)
     return 1 if bad else 0
 
 
