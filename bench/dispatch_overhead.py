@@ -13,25 +13,11 @@ Correctness is checked first: the registry call must return what the direct call
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
-
-def per_call_us(fn, loops: int, repeats: int) -> float:
-    """Median µs per call. Host time only: GPU launches are asynchronous, and the host-side
-    cost of issuing a call is what dispatch adds (a sync per call would hide it)."""
-    for _ in range(max(10, loops // 10)):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(loops):
-            fn()
-        samples.append((time.perf_counter() - t0) / loops * 1e6)
-    return statistics.median(samples)
+from kernelgate.benchmark import host_us
 
 
 def main(argv=None) -> int:
@@ -41,7 +27,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from kernelgate import ops, platform, registry
-    from kernelgate.ops.gated_rms_norm import gated_rms_norm_native
+    from kernelgate.ops.norm.gated_rms_norm import gated_rms_norm_native
 
     device = platform.default_device()
     if device.type != "cpu":
@@ -66,10 +52,10 @@ def main(argv=None) -> int:
     try:
         assert probe(x, w, scale=2.0) is x
         rows = [
-            ("gated_rms_norm via registry", per_call_us(lambda: ops.gated_rms_norm(*call, **kw), args.loops, args.repeats)),
-            (f"gated_rms_norm direct ({impl.name})", per_call_us(lambda: direct(*call, **kw), args.loops, args.repeats)),
-            ("no-op op via registry", per_call_us(lambda: probe(x, w, scale=2.0), args.loops, args.repeats)),
-            ("no-op function direct", per_call_us(lambda: ident(x, w, scale=2.0), args.loops, args.repeats)),
+            ("gated_rms_norm via registry", host_us(lambda: ops.gated_rms_norm(*call, **kw), args.loops, args.repeats)),
+            (f"gated_rms_norm direct ({impl.name})", host_us(lambda: direct(*call, **kw), args.loops, args.repeats)),
+            ("no-op op via registry", host_us(lambda: probe(x, w, scale=2.0), args.loops, args.repeats)),
+            ("no-op function direct", host_us(lambda: ident(x, w, scale=2.0), args.loops, args.repeats)),
         ]
     finally:
         registry.OPS.pop("_dispatch_probe", None)
@@ -81,8 +67,8 @@ def main(argv=None) -> int:
             return gated_rms_norm_native(x, w, g, eps)
         torch.testing.assert_close(custom(x, w, g, 1e-6), gated_rms_norm_native(x, w, g, 1e-6))
         rows += [
-            ("gated_rms_norm native via torch.library.custom_op", per_call_us(lambda: custom(x, w, g, 1e-6), args.loops, args.repeats)),
-            ("gated_rms_norm native direct", per_call_us(lambda: gated_rms_norm_native(x, w, g, 1e-6), args.loops, args.repeats)),
+            ("gated_rms_norm native via torch.library.custom_op", host_us(lambda: custom(x, w, g, 1e-6), args.loops, args.repeats)),
+            ("gated_rms_norm native direct", host_us(lambda: gated_rms_norm_native(x, w, g, 1e-6), args.loops, args.repeats)),
         ]
     except Exception as e:  # noqa: BLE001 - older torch without custom_op: report and go on
         print(f"torch.library.custom_op unavailable: {type(e).__name__}: {e}", file=sys.stderr)

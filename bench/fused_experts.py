@@ -23,7 +23,7 @@ def main() -> int:
     import torch
 
     from kernelgate import benchmark, platform, registry
-    from kernelgate.ops.fused_experts import _bytes, make_inputs
+    from kernelgate.ops.moe.fused_experts import _bytes, make_inputs
     from kernelgate.testing import rel_err
 
     device = platform.default_device()

@@ -6,7 +6,7 @@ For bf16 1M x 128 and 65536 x 4096 (x, gate, weight -> y): checks the heuristic 
 against the native reference, then times it, a sweep of (rows per program, num_warps), and
 fla-core's rms_norm_gated, and prints GB/s and the fraction of measured copy bandwidth. If a
 swept config beats the heuristic by more than noise, change `config()` in
-kernelgate/ops/triton/gated_rms_norm.py accordingly.
+kernelgate/ops/norm/gated_rms_norm_triton.py accordingly.
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def main() -> int:
         print("no accelerator here: this sweep times GPU kernels; nothing to do")
         return 0
     import triton
-    import triton.testing
+
 
     from kernelgate import benchmark
-    from kernelgate.ops.gated_rms_norm import gated_rms_norm_native
-    from kernelgate.ops.triton import gated_rms_norm as k
+    from kernelgate.ops.norm.gated_rms_norm import gated_rms_norm_native
+    import kernelgate.ops.norm.gated_rms_norm_triton as k
     from kernelgate.testing import rel_err
 
     device = torch.accelerator.current_accelerator()
@@ -44,7 +44,7 @@ def main() -> int:
         assert err < 1e-2, f"{rows}x{D}: relative error {err:.2e} vs native"
 
         def row(name, fn):
-            ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+            ms = benchmark.time_ms(fn, device)
             gbs = nbytes / (ms * 1e-3) / 1e9
             print(f"| {rows}x{D} | {name} | {ms * 1e3:.1f} | {gbs:.0f} | {gbs / bw:.3f} |")
 

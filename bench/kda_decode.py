@@ -13,27 +13,12 @@ runs after one warm-up run.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from kernelgate.benchmark import graph_us
+from kernelgate.benchmark import graph_us, time_ms
 
 H, K, V, W = 32, 128, 128, 4
-
-
-def _time_ms(fn, device, reps=50):
-    if device.type == "cuda":
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    if reps > 1:
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
 
 
 def _decode_inputs(N, device, gen):
@@ -87,13 +72,13 @@ def cuda_main(prefill_only: bool = False):
             out = fn(c)
             err = rel_err(out, ref)
             assert err < 2e-2, f"{name} N={N}: rel err {err:.2e}"
-        a, b = _time_ms(lambda: fused(t), dev), _time_ms(lambda: chain(t), dev)
+        a, b = time_ms(lambda: fused(t), dev), time_ms(lambda: chain(t), dev)
         qkv = conv(t["x"], t["w"], None, t["conv_state"], t["slots"])
-        p = _time_ms(lambda: packed(qkv, t["f"], t["b"], t["A_log"], t["dt_bias"], t["state"], t["slots"], H, K), dev)
+        p = time_ms(lambda: packed(qkv, t["f"], t["b"], t["A_log"], t["dt_bias"], t["state"], t["slots"], H, K), dev)
         floor = 2 * N * H * K * V * 4 / (bw * 1e9) * 1e6
         print(f"| {N} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.2f}x | {p * 1e3:.1f} | {floor:.1f} | {floor / (p * 1e3):.2f} |")
 
-    from kernelgate.ops.kda_prefill import make_inputs
+    from kernelgate.ops.kda.kda_prefill import make_inputs
     print("\n| prefill | registry kda_prefill (fla) ms | same + host hints ms | fla chunk_kda ms | ratio (hints) "
           "| device (graph): ours + hints ms | fla ms | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for lens in ([8192], [2048] * 4):
@@ -110,9 +95,9 @@ def cuda_main(prefill_only: bool = False):
         cu_l, cu_cpu, init = cu.long(), cu.long().cpu(), state[sl.long()].contiguous()
         hints = dict(cu_seqlens_cpu=cu.cpu(), slots_cpu=sl.cpu())   # what the engine passes
         assert rel_err(impl(q, k, v, g, beta, ref_state.clone(), cu, sl, **hints), o1) < 1e-3
-        r = _time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl), dev)
-        rh = _time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl, **hints), dev)
-        d = _time_ms(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
+        r = time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl), dev)
+        rh = time_ms(lambda: impl(q, k, v, g, beta, state, cu, sl, **hints), dev)
+        d = time_ms(lambda: chunk_kda(q[None], k[None], v[None], g[None], beta[None], initial_state=init,
                                        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_l,
                                        cu_seqlens_cpu=cu_cpu), dev)
         # device time alone (one graph of 5 calls replayed: no host launch or Python overhead)
@@ -129,7 +114,7 @@ def cuda_main(prefill_only: bool = False):
 def per_token_loop(q, k, v, g, beta, S, scale):
     """The recurrence one token at a time, vectorised over heads (what the chunked form
     replaces): gates precomputed, the state [H, K, V] updated in place (no per-token allocs)."""
-    from kernelgate.ops.kda_prefill import l2norm
+    from kernelgate.ops.kda.kda_prefill import l2norm
     q, k = l2norm(q.float()) * scale, l2norm(k.float())
     decay = g.float().exp()[..., None]                                      # [T, H, K, 1]
     bk, bv = beta.float()[..., None] * k, beta.float()[..., None] * v.float()
@@ -146,7 +131,7 @@ def per_token_loop(q, k, v, g, beta, S, scale):
 def naive_token_loop(q, k, v, g, beta, S, scale):
     """The same loop written without care (out-of-place, allocates ~3 states per token):
     the baseline earlier versions of this script compared against."""
-    from kernelgate.ops.kda_prefill import l2norm
+    from kernelgate.ops.kda.kda_prefill import l2norm
     q, k = l2norm(q.float()) * scale, l2norm(k.float())
     o = torch.empty(v.shape, dtype=torch.float32)
     for t in range(q.shape[0]):
@@ -158,7 +143,7 @@ def naive_token_loop(q, k, v, g, beta, S, scale):
 
 
 def cpu_main(T=2048, heads=H):
-    from kernelgate.ops.kda_prefill import kda_chunked, make_inputs
+    from kernelgate.ops.kda.kda_prefill import kda_chunked, make_inputs
     from kernelgate.testing import rel_err
     q, k, v, g, beta, state, _, _ = make_inputs([T], [0], heads, K, V, "cpu", torch.float32,
                                                 torch.Generator().manual_seed(0))
@@ -169,9 +154,9 @@ def cpu_main(T=2048, heads=H):
     print(f"correctness vs loop: o rel err {rel_err(oc, ol):.2e}, state rel err {rel_err(Sc, Sl):.2e}; "
           f"loops agree to {max(rel_err(on, ol), rel_err(Sn, Sl)):.2e}")
     args = (q, k, v, g, beta, S0, K ** -0.5)
-    c = _time_ms(lambda: kda_chunked(*args, True), cpu, reps=5)
-    lp = _time_ms(lambda: per_token_loop(*args), cpu, reps=3)
-    nv = _time_ms(lambda: naive_token_loop(*args), cpu, reps=1)
+    c = time_ms(lambda: kda_chunked(*args, True), cpu)
+    lp = time_ms(lambda: per_token_loop(*args), cpu)
+    nv = time_ms(lambda: naive_token_loop(*args), cpu)
     print(f"| CPU ({torch.get_num_threads()} threads) T={T} H={heads} K=V={K} fp32 | chunked {c:.0f} ms | "
           f"per-token loop {lp:.0f} ms | {lp / c:.1f}x | naive out-of-place loop {nv:.0f} ms | {nv / c:.1f}x |")
 

@@ -6,8 +6,8 @@ import torch
 import triton
 
 from kernelgate.benchmark import copy_bandwidth, graph_us
-from kernelgate.ops.kda import packed_case
-from kernelgate.ops.triton import kda_decode as kd
+from kernelgate.ops.kda.kda_decode import packed_case
+import kernelgate.ops.kda.kda_decode_triton as kd
 
 
 def main():

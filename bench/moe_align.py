@@ -3,7 +3,7 @@
 prefill), BLOCK_M from fused_experts.block_m_for. Each call is first checked against a stable
 argsort of the ids (exact equality: the permutation is deterministic), then timed:
 `graph_us` replays 20 calls captured in one CUDA graph (device time, no launch cost; its
-presence also shows there is no host sync), `us` is triton's do_bench (launches included).
+presence also shows there is no host sync), `us` is kernelgate.benchmark.time_ms (launches included).
 Rows per chunk size (`chunk`, pairs per program; * marks the default) show where the
 one-chunk (2 launches) and multi-chunk (3 launches) paths win.
 
@@ -51,14 +51,14 @@ def main() -> int:
     import triton.testing
 
     from kernelgate import platform
-    from kernelgate.benchmark import graph_us
+    from kernelgate.benchmark import graph_us, time_ms
 
     device = platform.default_device()
     if device.type != "cuda" or platform.interpreting():
         print("moe_align bench: needs a CUDA/ROCm GPU with compiled Triton (TRITON_INTERPRET unset)")
         return 0
-    from kernelgate.ops.triton.fused_experts import block_m_for
-    from kernelgate.ops.triton.moe_align import default_chunk, moe_align
+    from kernelgate.ops.moe.fused_experts_triton import block_m_for
+    from kernelgate.ops.moe.moe_align_triton import default_chunk, moe_align
 
     print(f"{platform.current().device_name}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"{'P':>7} {'E':>4} {'bm':>3} {'chunk':>6} {'launches':>8} {'graph_us':>9} {'us':>9}  check")
@@ -78,8 +78,7 @@ def main() -> int:
             good = torch.equal(pairs, want_pairs) and torch.equal(blocks, want_blocks)
             ok &= good
             g = graph_us(lambda: moe_align(ids, E, bm, chunk=chunk), device)
-            us = 1e3 * triton.testing.do_bench(lambda: moe_align(ids, E, bm, chunk=chunk),
-                                               return_mode="median")
+            us = 1e3 * time_ms(lambda: moe_align(ids, E, bm, chunk=chunk), device)
             star = "*" if chunk == chunks[0] else " "
             launches = 2 if triton.cdiv(P, chunk) == 1 else 3
             gs = f"{g:9.2f}" if g is not None else f"{'n/a':>9}"

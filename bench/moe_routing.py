@@ -7,7 +7,7 @@ launch configs (BLOCK_T x num_warps) so the heuristic can be checked.
 
     PYTHONPATH=. python bench/moe_routing.py [--T 1 64 4096] [--no-sweep] [--json out.json]
 
-Two timings: `us` is triton.testing.do_bench (events around each call, launch included);
+Two timings: `us` is kernelgate.benchmark.time_ms (events around each call, launch included);
 `graph_us` replays the call inside a CUDA graph (device time without Python/launch cost).
 Targets (issue 3, H200): Triton <= 8 us for T <= 64 and <= 25 us at T = 4096.
 """
@@ -32,14 +32,14 @@ def main() -> int:
     import triton.testing
 
     from kernelgate import alloc, platform, registry
-    from kernelgate.benchmark import graph_us
-    from kernelgate.ops.moe_routing import biased_grouped_topk_native
+    from kernelgate.benchmark import graph_us, time_ms
+    from kernelgate.ops.moe.moe_routing import biased_grouped_topk_native
 
     device = platform.default_device()
     if device.type != "cuda" or platform.interpreting():
         print("moe_routing bench: needs a CUDA/ROCm GPU with compiled Triton (TRITON_INTERPRET unset)")
         return 0
-    from kernelgate.ops.triton import moe_routing as tri
+    import kernelgate.ops.moe.moe_routing_triton as tri
 
     op = registry.get("biased_grouped_topk")
     plat = platform.current()
@@ -68,8 +68,7 @@ def main() -> int:
                     w, ids = fn(*call) if not label.startswith("triton-bt") else fn()
                 same = torch.equal(ids, ref_ids) and torch.allclose(w, ref_w, rtol=1e-5, atol=1e-6)
                 ok &= same
-                us = triton.testing.do_bench((lambda: fn(*call)) if not label.startswith("triton-bt") else fn,
-                                             warmup=25, rep=200, return_mode="median") * 1e3
+                us = time_ms((lambda: fn(*call)) if not label.startswith("triton-bt") else fn, device) * 1e3
                 gus = graph_us((lambda: fn(*call)) if not label.startswith("triton-bt") else fn, torch.device("cuda"))
                 rows.append(dict(shape=name, T=T, E=E, n_group=G, impl=label, correct=same, us=round(us, 2),
                                  graph_us=round(gus, 2) if gus is not None else None))

@@ -42,6 +42,20 @@ def time_ms(fn, device: torch.device, warmup: int = 5, rep_ms: float = 200.0) ->
     return statistics.median(samples) * 1e3
 
 
+def host_us(fn, loops: int = 1000, repeats: int = 7) -> float:
+    """Median host µs per call over `repeats` runs of `loops` calls, no device sync: GPU launches
+    are asynchronous, and the host-side cost of issuing a call is what dispatch adds."""
+    for _ in range(max(10, loops // 10)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        samples.append((time.perf_counter() - t0) / loops * 1e6)
+    return statistics.median(samples)
+
+
 def graph_us(fn, device: torch.device, calls: int = 20) -> float | None:
     """Device time per call (µs) from replaying `calls` calls captured in one CUDA graph:
     no Python or launch overhead. None where graphs are unavailable or capture fails

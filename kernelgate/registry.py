@@ -128,7 +128,7 @@ class Op:
     def __init__(self, name: str, reference: Callable, *, validate: Callable | None = None,
                  dtype_arg: str | None = None, mutates: tuple = (), rtol: dict | None = None,
                  compare: Callable | None = None, compare_mutated: Callable | None = None,
-                 cases: Callable | None = None,
+                 cases: Callable | None = None, check_values: Callable | None = None,
                  bench_cases: Callable | None = None, doc: str = ""):
         self.name = name
         self.reference = reference
@@ -137,6 +137,10 @@ class Op:
         # relative implementation references (".gated_rms_norm_triton:fn") resolve from here
         self.package = reference.__module__.rpartition(".")[0]
         self.validate = validate
+        # Host checks of index VALUES (ranges, cu_seqlens monotone...): they read device data, so
+        # they run only in checked mode (KERNELGATE_CHECKS=1), on every call. Kernels skip
+        # out-of-range rows on their own either way; this turns them into a clear error.
+        self.check_values = check_values
         self.dtype_arg = dtype_arg or self.params[0]
         self._dtype_pos = self.params.index(self.dtype_arg)
         self.mutates = mutates
@@ -208,6 +212,10 @@ class Op:
 
     def select(self, args: tuple, kwargs: dict, plat: Platform | None = None) -> Impl:
         plat = plat or _platform.current()
+        self.bind(args, kwargs)   # a wrong argument count names the op, not validate()
+        for name, a in zip(self.params, args):
+            if isinstance(a, torch.Tensor) and a.device.type == "meta":
+                raise KernelgateError(f"{self.name}: {name} is a meta tensor (no data to compute on)")
         if self.validate is not None:
             self.validate(*args, **kwargs)
         forced = _forced().get(self.name)
@@ -238,24 +246,23 @@ class Op:
         return fn
 
     def __call__(self, *args, **kwargs):
-        # Key: device of the first argument, then dtype+shape of each tensor and every
-        # other argument as it is. Everything validation and `supports` look at is
-        # derived from these, so checks run only on a cache miss.
-        key = [args[0].device if args and isinstance(args[0], torch.Tensor) else None]
+        # The key holds everything validate() and supports() may read: per tensor its device,
+        # dtype, shape, strides and 16-byte alignment; every other argument by type and value
+        # (2.0 is not 2). A cache hit therefore means the checks would pass again, and the
+        # checks run on a miss only. Index VALUES are not in the key: see KERNELGATE_CHECKS.
+        key = [len(args)]
         for a in args:
-            if isinstance(a, torch.Tensor):
-                key.append(a.dtype)
-                key.append(a.shape)
+            if type(a) is torch.Tensor:
+                key.append((a.device, a.dtype, a.shape, a.stride(), a.data_ptr() & 15))
             else:
-                key.append(a)
+                key.append((type(a), a))
         if kwargs:
             for k, a in kwargs.items():
                 key.append(k)
-                if isinstance(a, torch.Tensor):
-                    key.append(a.dtype)
-                    key.append(a.shape)
+                if type(a) is torch.Tensor:
+                    key.append((a.device, a.dtype, a.shape, a.stride(), a.data_ptr() & 15))
                 else:
-                    key.append(a)
+                    key.append((type(a), a))
         key = tuple(key)
         try:
             fn = self._cache[key]
@@ -263,6 +270,8 @@ class Op:
             fn = self._miss(key, args, kwargs)
         except TypeError:  # an unhashable argument: decide every call
             fn = self._miss(None, args, kwargs)
+        if _checks_on[0] and self.check_values is not None:
+            self.check_values(*args, **kwargs)
         return fn(*args, **kwargs)
 
     def impl(self, name: str) -> Impl:
@@ -356,9 +365,31 @@ def forcing(overrides: dict[str, str] | str):
 
 
 def refresh() -> None:
-    """Re-read overrides and the platform; drop cached choices."""
+    """Re-read overrides, KERNELGATE_CHECKS and the platform; drop cached choices."""
     _forced_cache.clear()
+    _checks_on[0] = _env_checks()
     _platform.refresh()
+
+
+def _env_checks() -> bool:
+    value = os.environ.get("KERNELGATE_CHECKS", "0").strip().lower()
+    if value not in ("0", "1", "", "true", "false", "on", "off", "yes", "no"):
+        raise KernelgateError(f"KERNELGATE_CHECKS={value!r}: expected 0 or 1")
+    return value in ("1", "true", "on", "yes")
+
+
+_checks_on = [_env_checks()]
+
+
+@contextlib.contextmanager
+def checked(on: bool = True):
+    """Check index values on every op call inside the block (what KERNELGATE_CHECKS=1 does)."""
+    saved = _checks_on[0]
+    _checks_on[0] = on
+    try:
+        yield
+    finally:
+        _checks_on[0] = saved
 
 
 # -- warnings and trace -------------------------------------------------------------

@@ -7,9 +7,10 @@ from . import platform
 from .platform import interpreting
 
 
-def nvidia(device: torch.device) -> bool:
-    """Tensors on `device` run compiled Triton on an NVIDIA GPU (not ROCm, not the interpreter)."""
-    return device.type == "cuda" and torch.version.hip is None and not interpreting()
+def nvidia(device: torch.device | None = None) -> bool:
+    """Dispatch decides for compiled Triton on an NVIDIA GPU (platform "cuda", not the interpreter).
+    From the platform layer, so KERNELGATE_PLATFORM / a compile target's simulation drives it."""
+    return platform.current().name == "cuda" and not interpreting()
 
 
 def sm() -> int:

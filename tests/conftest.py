@@ -3,7 +3,11 @@ import os
 import pytest
 import torch
 
-import kernelgate.registry as registry
+# Checked mode in the whole suite: every op call also checks its index values on the host
+# (ranges, cu_seqlens) and raises a clear error instead of skipping rows silently.
+os.environ.setdefault("KERNELGATE_CHECKS", "1")
+
+import kernelgate.registry as registry  # noqa: E402
 
 
 def pytest_report_header(config):

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 import kernelgate
 from kernelgate import KernelgateError
 from kernelgate.models import KimiLinearConfig
-from kimi_hf import tiny_hf_model
+from helpers.kimi_hf import tiny_hf_model
 
 # The fields of a released Kimi-Linear config.json (48B-A3B), with 1-indexed layer lists.
 RELEASED = {

@@ -8,7 +8,7 @@ import torch
 import kernelgate
 from kernelgate import platform, registry
 from kernelgate.testing import rel_err
-from kimi_hf import hf_greedy, tiny_hf_model
+from helpers.kimi_hf import hf_greedy, tiny_hf_model
 
 
 @pytest.fixture(scope="module")

@@ -251,3 +251,55 @@ def test_gated_rms_norm_falls_back_on_xpu_without_triton(monkeypatch):
         y = ops.gated_rms_norm(x, w, g)
     torch.testing.assert_close(y, registry.get("gated_rms_norm").reference(x, w, g))
     assert GPU_TRITON <= registry.get("gated_rms_norm").impl("triton").platforms
+
+
+def test_cache_hit_never_skips_checks_strides_devices_scalar_types(make_op):
+    """A call that differs from a cached one only in strides, alignment, another tensor's device
+    or a scalar's type gets its own checks (issue: a transposed tensor reached a dense-only kernel)."""
+    seen = []
+
+    def dense_only(x, y, s=1):
+        seen.append((x.stride(), y.stride(), type(s)))
+        return None if x.is_contiguous() and y.is_contiguous() else "needs contiguous x and y"
+    op = make_op("dense", lambda x, y, s=1: x + y * s)
+    op.implementation("dense", lambda x, y, s=1: ("dense", x + y * s), provider="test",
+                      platforms=ALL_PLATFORMS, priority=1, supports=lambda x, y, s=1: dense_only(x, y, s))
+    a, b = torch.ones(4, 4), torch.ones(4, 4)
+    assert op(a, b)[0] == "dense"
+    out = op(a, b.t())                      # same shapes and dtypes, other strides
+    assert not isinstance(out, tuple) and torch.equal(out, a + b.t())
+    assert op(a, b, 2)[0] == "dense" and op(a, b, 2.0)[0] == "dense"
+    assert [s for *_, s in seen[-2:]] == [int, float]   # 2.0 is not a cached 2
+    unaligned = torch.ones(17)[1:].view(4, 4)                   # 4-byte offset: other alignment
+    op(unaligned, b)
+    assert len(seen) == 5 and len(op._cache) == 5
+
+
+def test_wrong_argument_count_and_meta_tensors_name_the_op(make_op):
+    op = make_op("arity", lambda x, y: x + y, validate=lambda x, y: None)
+    with pytest.raises(KernelgateError, match="_test_arity: missing a required argument: 'y'"):
+        op(torch.ones(2))
+    with pytest.raises(KernelgateError, match="_test_arity: too many positional arguments"):
+        op(torch.ones(2), torch.ones(2), torch.ones(2))
+    with pytest.raises(KernelgateError, match="_test_arity: x is a meta tensor"):
+        op(torch.ones(2, device="meta"), torch.ones(2))
+
+
+def test_checked_mode_runs_value_checks_on_every_call(make_op):
+    runs = []
+
+    def check_values(x, idx):
+        runs.append(1)
+        bad = idx[(idx < 0) | (idx >= x.shape[0])]
+        if bad.numel():
+            raise KernelgateError(f"_test_gather: idx value {int(bad[0])} outside [0, {x.shape[0]})")
+    op = make_op("gather", lambda x, idx: x[idx], check_values=check_values)
+    x = torch.arange(4.0)
+    with registry.checked(True):
+        assert torch.equal(op(x, torch.tensor([3, 0])), torch.tensor([3.0, 0.0]))
+        with pytest.raises(KernelgateError, match="idx value 7 outside"):
+            op(x, torch.tensor([7, 0]))                  # a cache hit: still checked
+    assert len(runs) == 2
+    with registry.checked(False):
+        op(x, torch.tensor([1, 0]))
+    assert len(runs) == 2

@@ -1,17 +1,19 @@
-"""Op families. Importing this package declares every op: each public module here declares
-its op(s) with `registry.declare` and registers implementations. Triton kernels live in
-`kernelgate/ops/triton/` and are imported lazily, so a missing Triton is a dispatch reason."""
+"""Op families, one folder each (norm, conv, kda, moe, indexer, mla; shared helpers in common/).
+
+Importing this package declares every op. An op file `<family>/<op>.py` holds the native
+reference, validation, parity / bench cases and the declaration; its kernels sit beside it
+(`<family>/<op>_triton.py`), referenced relatively and imported on first use, so a missing
+Triton is a dispatch reason. `kernelgate.ops.<op>(...)` is the registry op of that name."""
 from __future__ import annotations
 
 import importlib
 import pkgutil
 
 for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    if not _m.name.startswith("_") and _m.name != "triton":
+    if _m.ispkg and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")
 
-# Importing `ops/gated_rms_norm.py` binds the *module* as `ops.gated_rms_norm`, which would
-# shadow the op of the same name (`__getattr__` only sees missing names): rebind the ops.
+# Op names win over any module of the same name (`__getattr__` only sees missing names).
 from ..registry import OPS as _OPS  # noqa: E402
 
 globals().update(_OPS)

@@ -1,0 +1,96 @@
+"""fla-core (flash-linear-attention) backed KDA implementations, imported lazily.
+
+fla keeps one state per sequence of the call ([N, H, K, V], K-first like our pool), so the
+wrappers gather the initial states from the slot pool and scatter the final states back.
+Sequences with slot < 0 (or no tokens) are dropped before the call; their outputs are zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import alloc
+
+
+def _kept(slots, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None):
+    """(indices of the sequences that run, slot list, bounds list or None), all host lists.
+    From the host hints when given; else a device->host copy (a sync on GPUs)."""
+    sl = (slots if slots_cpu is None else slots_cpu).tolist()
+    if cu_seqlens is None:
+        return [n for n, s in enumerate(sl) if s >= 0], sl, None
+    cu = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
+    return [n for n, s in enumerate(sl) if s >= 0 and cu[n + 1] > cu[n]], sl, cu
+
+
+_LONG: dict = {}
+
+
+def _long(t: torch.Tensor) -> torch.Tensor:
+    """t as int64, the same object for repeated calls with the same tensor (batch metadata is
+    never written in place): fla memoizes its chunk indices by argument identity, so the layers
+    of one engine step (sharing the batch's cu_seqlens) compute them once, not once per layer."""
+    if t.dtype == torch.long:
+        return t
+    hit = _LONG.get(id(t))                     # (inference tensors have no version counter)
+    if hit is None or hit[0] is not t:
+        if len(_LONG) >= 8:
+            _LONG.clear()
+        hit = _LONG[id(t)] = (t, t.long())     # keeps t alive, so its id is not reused
+    return hit[1]
+
+
+def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
+                  cu_seqlens_cpu=None, slots_cpu=None):
+    """kda_prefill through fla `chunk_kda` (varlen, initial/final states via the slot pool).
+
+    fla takes neither skipped nor empty sequences, so when some are present the tokens of
+    the others are compacted ([Tk] index `tok`), run, and scattered back into zeros."""
+    from fla.ops.kda import chunk_kda
+
+    kept, sl, cu = _kept(slots, cu_seqlens, slots_cpu, cu_seqlens_cpu)
+    N = len(sl)
+    if len(kept) == N:
+        run_cu = _long(cu_seqlens)
+        run_cu_cpu = torch.tensor(cu, dtype=torch.long) if cu_seqlens_cpu is None else _long(cu_seqlens_cpu)
+        idx = slots.long()
+        qr, kr, vr, gr, br = q, k, v, g, beta
+    else:
+        if not kept:
+            return torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        lens = [cu[n + 1] - cu[n] for n in kept]
+        run_cu_cpu = torch.tensor([0] + lens, dtype=torch.long).cumsum(0)                  # [Nk+1]
+        tok = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in kept])                    # [Tk]
+        # one upload: token rows | compacted bounds | slots of the kept sequences
+        dev = alloc.upload(torch.cat([tok, run_cu_cpu, torch.tensor([sl[n] for n in kept])]), q.device)
+        tok, run_cu, idx = dev.split([tok.numel(), len(kept) + 1, len(kept)])
+        qr, kr, vr, gr, br = (x.index_select(0, tok) for x in (q, k, v, g, beta))
+    h0 = state.index_select(0, idx)                                                       # [Nk, H, K, V]
+    o, ht = chunk_kda(qr[None], kr[None], vr[None], gr[None].float(), br[None], scale=scale,
+                      initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm,
+                      cu_seqlens=run_cu, cu_seqlens_cpu=run_cu_cpu)
+    state.index_copy_(0, idx, ht.float())
+    if len(kept) == N:
+        return o[0]
+    return torch.zeros(v.shape, dtype=v.dtype, device=v.device).index_copy_(0, tok, o[0])
+
+
+def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
+    """kda_decode through fla `fused_recurrent_kda` (one token per sequence)."""
+    from fla.ops.kda import fused_recurrent_kda
+
+    N = q.shape[0]
+    kept, _, _ = _kept(slots)
+    o = alloc.empty(v.shape, v.dtype, v.device)
+    if len(kept) < N:
+        o.zero_()
+        if not kept:
+            return o
+    sel = torch.tensor(kept, dtype=torch.long, device=q.device)
+    idx = slots.long().index_select(0, sel)
+    pick = (lambda t: t.index_select(0, sel)) if len(kept) < N else (lambda t: t)
+    cu = torch.arange(len(kept) + 1, dtype=torch.long, device=q.device)
+    out, ht = fused_recurrent_kda(pick(q)[None], pick(k)[None], pick(v)[None], pick(g)[None].float(),
+                                  pick(beta)[None], scale=scale, initial_state=state.index_select(0, idx),
+                                  output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm, cu_seqlens=cu)
+    state.index_copy_(0, idx, ht.float())
+    o.index_copy_(0, sel, out[0])
+    return o

@@ -1,0 +1,183 @@
+"""Portable Triton grouped-GEMM MoE experts (CUDA, ROCm, XPU; CPU under TRITON_INTERPRET=1).
+
+    moe_align        pairs sorted by expert, padded to BLOCK_M per expert       (2-3 launches)
+    _gate_up_kernel  h[p] = silu(clamp(x[t] @ Wg[e]^T)) * clamp(x[t] @ Wu[e]^T)  [P, I] in x dtype
+    _down_kernel     y[p] = w[p] * (h[p] @ Wd[e]^T)                             [P, D] fp32
+    _sum_k_kernel    out[t] = sum_j y[t*k + j] over valid ids                    [T, D] x dtype
+
+with p = t*k + j. Row-block b of the GEMMs holds pairs of one expert only, so each program
+streams one weight tile of one expert; programs of one N tile and consecutive row-blocks
+run together (row-blocks vary fastest), so an expert's tile is read from HBM about once
+(decode is weight-bandwidth bound). Accumulation in fp32; fp32 inputs use IEEE dot (no TF32).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import alloc
+from ... import platform
+from ...platform import interpreting
+from .moe_align_triton import moe_align
+
+
+def _configs():
+    # (BLOCK_N, BLOCK_K, warps, stages); BLOCK_M is fixed by the permutation, not tuned.
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+            for bn, bk, w, st in ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4),
+                                  (128, 128, 8, 3), (64, 256, 4, 3))]
+
+
+# Small problems (tests, toy models) and the interpreter: one fixed config per platform, no tuning cost.
+_FIXED = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+LAUNCH = {
+    # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 stages need 72 KiB (compile_targets: gfx90a, gfx942)
+    "rocm": dict(_FIXED, num_stages=2),
+}
+
+
+def launch_config(plat) -> dict:
+    """The fixed launch choice on platform `plat` (platform.current(), or a simulated one)."""
+    return LAUNCH.get(plat.name, _FIXED)
+_TUNE_MIN_WEIGHTS = 1 << 20   # D * I at which autotuning pays off (Kimi: 2304 * 1024)
+
+
+@functools.cache
+def _tuned(kernel):
+    """The autotuned kernel, built on first use (on a GPU only), keyed on problem shape and the
+    bucket of pairs, so decode and prefill each get their own config."""
+    return triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "P_BUCKET"])(kernel)
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    # IEEE: fp32 operands without TF32 rounding. Also used under the interpreter, whose
+    # bf16 tl.dot (triton 3.9) returns garbage.
+    if IEEE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
+                    sxt, sxd, swe, swn, swk, limit, TOPK,
+                    HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # N = I (h columns), K = D. Weight rows [0, N) are gate, [N, 2N) are up.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < P
+    tok = (pair // TOPK).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    w_e = w_ptr + e.to(tl.int64) * swe
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        a = tl.load(x_ptr + tok[:, None] * sxt + offs_k[None, :] * sxd,
+                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)                 # [BM, BK]
+        wmask = k_ok[:, None] & n_ok[None, :]
+        wg = tl.load(w_e + offs_n[None, :] * swn + offs_k[:, None] * swk, mask=wmask, other=0.0)
+        wu = tl.load(w_e + (offs_n + N)[None, :] * swn + offs_k[:, None] * swk, mask=wmask, other=0.0)
+        acc_g = _dot(a, wg, acc_g, IEEE)
+        acc_u = _dot(a, wu, acc_u, IEEE)
+    if HAS_LIMIT:
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(h_ptr + pair[:, None].to(tl.int64) * N + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
+                 swe, swn, swk,
+                 IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # N = D (output columns), K = I.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < P
+    pair64 = pair.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    w_e = w_ptr + e.to(tl.int64) * swe
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        a = tl.load(h_ptr + pair64[:, None] * K + offs_k[None, :],
+                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)                 # [BM, BK]
+        w = tl.load(w_e + offs_n[None, :] * swn + offs_k[:, None] * swk,
+                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)                   # [BK, BN]
+        acc = _dot(a, w, acc, IEEE)
+    wt = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)
+    acc = acc * wt[:, None]
+    tl.store(y_ptr + pair64[:, None] * N + offs_n[None, :], acc, mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = offs < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(TOPK):   # fixed order over slots: deterministic
+        e = tl.load(ids_ptr + t * TOPK + j) + tl.zeros([BLOCK_D], dtype=tl.int32)  # as a vector mask
+        ok = d_ok & (e >= 0) & (e < E)
+        acc += tl.load(y_ptr + (t * TOPK + j) * D + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + t * sot + offs, acc.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def block_m_for(P: int, E: int) -> int:
+    """Rows per GEMM block: small for decode (pairs per expert ~1), so little compute is padding;
+    large enough in prefill that an expert's weights are not re-read by many row-blocks."""
+    avg = P / max(E, 1)
+    return 16 if avg <= 8 else 32 if avg <= 20 else 64
+
+
+def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu",
+                         swiglu_limit=None):
+    T, D = x.shape
+    E, I = w_down.shape[0], w_down.shape[2]
+    k = topk_ids.shape[1]
+    out = alloc.empty((T, D), x.dtype, x.device)
+    if T == 0:
+        return out
+    P = T * k
+    ids = topk_ids.contiguous()
+    wts = topk_weights.contiguous()
+    bm = block_m_for(P, E)
+    sorted_pairs, block_expert = moe_align(ids, E, bm)
+    nb = block_expert.numel()
+    h = alloc.empty((P, I), x.dtype, x.device)
+    y = alloc.empty((P, D), torch.float32, x.device)
+    ieee = x.dtype == torch.float32 or interpreting()
+    bucket = triton.next_power_of_2(P)
+    tune = not interpreting() and D * I >= _TUNE_MIN_WEIGHTS
+    gate_up = _tuned(_gate_up_kernel) if tune else _gate_up_kernel
+    down = _tuned(_down_kernel) if tune else _down_kernel
+    meta = {} if tune else launch_config(platform.current())
+    gate_up[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
+        x, w_gate_up, h, sorted_pairs, block_expert, P, I, D, bucket,
+        x.stride(0), x.stride(1), *w_gate_up.stride(),
+        float(swiglu_limit) if swiglu_limit is not None else 0.0, k,
+        HAS_LIMIT=swiglu_limit is not None, IEEE=ieee, BLOCK_M=bm, **meta)
+    down[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
+        h, w_down, y, wts, sorted_pairs, block_expert, P, D, I, bucket, *w_down.stride(),
+        IEEE=ieee, BLOCK_M=bm, **meta)
+    block_d = min(1024, triton.next_power_of_2(D))
+    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, E, out.stride(0), k, BLOCK_D=block_d)
+    return out
