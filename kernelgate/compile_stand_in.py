@@ -292,15 +292,10 @@ def targeting(name: str, native: bool = False):
     from triton.backends import backends
     from triton.runtime import driver
 
-    from . import triton_utils
     t = TARGETS[name]
     rec = Recorder(t, native=native and name == "pvc")   # (Debian's ocloc predates BMG)
     attr = "_active" if "_active" in vars(driver) else "active"   # Triton 3.3 spells it `active`
     saved_driver, saved_backends = getattr(driver, attr), dict(backends)
-    # Until the launchers read only platform.current(): their vendor checks see CPU tensors as the target's.
-    saved_launch = triton_utils.nvidia, torch.version.hip
-    triton_utils.nvidia = lambda device: t.backend == "cuda"
-    torch.version.hip = "6.0" if t.backend == "hip" else None
     if t.backend == "xpu":
         backends["intel"] = dataclasses.replace(backends["intel"],
                                                 compiler=_stand_in_xpu_backend(backends["intel"].compiler))
@@ -313,4 +308,3 @@ def targeting(name: str, native: bool = False):
         setattr(driver, attr, saved_driver)
         backends.clear()
         backends.update(saved_backends)
-        triton_utils.nvidia, torch.version.hip = saved_launch
