@@ -8,8 +8,9 @@ One process per family compiles both of its targets (so one target's compile sta
 into the next unnoticed); the families run in parallel under xdist. Intel's backend is the
 triton-xpu package, which installs as `triton`: it runs from its own venv (`.venv-xpu`, made by
 .ci/run, or KERNELGATE_XPU_PYTHON). Missing there, the Intel test skips with the reason locally
-and fails in CI. .ci/run compiles for Intel in the background while the main suite runs and
-hands the result over in KERNELGATE_XPU_REPORT (a folder: rows.json, rc)."""
+and fails in CI. .ci/run starts every family's compile in the background as soon as its venv
+has Triton, beside the installs and the main suite, and hands the results over in
+KERNELGATE_COMPILE_REPORT (a folder per family: rows.json, rc, log; skip = why it could not run)."""
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = {"nvidia": ("sm_80", "sm_90"), "amd": ("gfx90a", "gfx942"), "intel": ("pvc", "bmg")}
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-RUN_LAST = ("[intel]", "test_pvc_native")   # they may wait on .ci/run's background compile (conftest.py)
+RUN_LAST = ("test_every_triton", "test_pvc_native")   # they may wait on .ci/run's background compiles
 
 
 def _missing(reason: str):
@@ -57,20 +58,27 @@ def _background_rows(folder: Path, wait_s: float = 540) -> list:
         if (folder / "skip").exists():
             _missing((folder / "skip").read_text().strip())
         if time.monotonic() > deadline:
-            pytest.fail(f"the background Intel compile wrote no result in {wait_s:.0f} s ({folder})")
+            pytest.fail(f"the background compile wrote no result in {wait_s:.0f} s ({folder})")
         time.sleep(2)
     if (folder / "skip").exists():
         _missing((folder / "skip").read_text().strip())
     text = (folder / "rows.json").read_text() if (folder / "rows.json").exists() else ""
     if not text:
         log = (folder / "log").read_text()[-3000:] if (folder / "log").exists() else ""
-        pytest.fail(f"background Intel compile exited {(folder / 'rc').read_text().strip()}:\n{log}")
+        pytest.fail(f"the background compile exited {(folder / 'rc').read_text().strip()}:\n{log}")
     return json.loads(text)
 
 
+def _report(family: str) -> Path | None:
+    """The folder .ci/run's background compile of `family` writes to, if it runs one."""
+    root = os.environ.get("KERNELGATE_COMPILE_REPORT")
+    return Path(root) / family if root and (Path(root) / family).is_dir() else None
+
+
 def _rows(family: str) -> list:
-    if family == "intel" and os.environ.get("KERNELGATE_XPU_REPORT"):
-        return _background_rows(Path(os.environ["KERNELGATE_XPU_REPORT"]))
+    folder = _report(family)
+    if folder:
+        return _background_rows(folder)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([_python(family), "-m", "kernelgate.compile_targets", "--json", "-", *FAMILIES[family]],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
@@ -115,11 +123,11 @@ def test_every_triton_implementation_compiles_for(family):
 
 def test_pvc_native_code_from_the_background_compile():
     """.ci/run's Intel pass also has ocloc build native PVC code (zebin) from the SPIR-V."""
-    folder = os.environ.get("KERNELGATE_XPU_REPORT")
+    folder = _report("intel")
     if not folder:
-        pytest.skip("the native PVC pass runs in .ci/run (KERNELGATE_XPU_REPORT): "
+        pytest.skip("the native PVC pass runs in .ci/run (KERNELGATE_COMPILE_REPORT): "
                     "python -m kernelgate.compile_targets --native pvc in the triton-xpu venv")
-    rows = _background_rows(Path(folder))
+    rows = _background_rows(folder)
     native = [r for r in rows if r["target"] == "pvc" and r["impl"] == "native"]
     if not native or native[0]["status"] == "SKIPPED":
         _missing(native[0]["reason"] if native else "the background compile ran without --native")
