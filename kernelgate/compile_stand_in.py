@@ -212,7 +212,7 @@ class Recorder:
 
     def __init__(self, t: Target, native: bool = False):
         self.t, self.row, self.seen = t, None, {}
-        self.native = {} if native else None   # (kernel, dtypes) -> (spec, SPIR-V, build flags)
+        self.native = {} if native else None   # kernel -> (spec, SPIR-V, build flags)
 
     def begin(self, row):
         self.row, self.seen = row, {}
@@ -247,7 +247,10 @@ class Recorder:
         self.seen[self._key(fn, compile)] = spec
         self.row["specs"].append(spec)
         if self.native is not None and binary.startswith("spv"):
-            self.native.setdefault((spec["kernel"], ptrs), (spec, kernel.asm["spv"], kernel.metadata.build_flags))
+            # one per kernel, preferring a specialisation that should reach DPAS
+            had = self.native.get(spec["kernel"])
+            if had is None or (spec["dot"].endswith("-> dpas") and not had[0]["dot"].endswith("-> dpas")):
+                self.native[spec["kernel"]] = (spec, kernel.asm["spv"], kernel.metadata.build_flags)
         return False
 
 

@@ -120,7 +120,7 @@ def compile_target(name: str, native: bool = False) -> list[dict]:
 
 
 def compile_native(name: str, spirv: dict) -> dict:
-    """The row for native code: one specialisation per (kernel, dtypes) through ocloc, in parallel."""
+    """The row for native code: one specialisation per kernel through ocloc, in parallel."""
     row = {"target": name, "impl": "native", "status": "ok", "reason": None, "cases": len(spirv),
            "rejected": {}, "specs": [], "seconds": 0.0}
     t0 = time.perf_counter()
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     ap.add_argument("targets", nargs="*", help=f"default: every target this Triton can build ({', '.join(TARGETS)})")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="targets compiled in parallel processes")
     ap.add_argument("--native", action="store_true",
-                    help="Intel: also build native code (zebin) through ocloc, one specialisation per kernel and dtypes")
+                    help="PVC: also build native code (zebin) through ocloc, one specialisation per kernel")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON ('-': stdout, no text report)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-specialisation lines")
     a = ap.parse_args(argv)
