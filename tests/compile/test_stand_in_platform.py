@@ -59,3 +59,18 @@ def test_doctor_says_why_npu_has_no_triton_kernels(monkeypatch):
     registry.refresh()
     rows = [i for op in doctor_report()["ops"].values() for i in op["implementations"] if i["provider"] == "triton"]
     assert rows and all("triton-ascend" in i["reason"] and "hivmc" in i["reason"] for i in rows)
+
+
+def test_launch_choices_follow_the_simulated_device(monkeypatch):
+    """compile_targets needs no monkeypatch: the launchers read only platform.current()."""
+    from kernelgate import triton_utils
+    from kernelgate.ops.moe import fused_experts_triton as fe
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    seen = {}
+    for name in ("sm_80", "sm_90", "gfx90a", "gfx942", "pvc", "bmg"):
+        with platform.simulate(TARGETS[name].device, compiling=True) as p:
+            seen[name] = (triton_utils.nvidia(), triton_utils.sm(), triton_utils.fp8_hardware(),
+                          fe.launch_config(p)["num_stages"])
+    assert seen == {"sm_80": (True, 80, False, 3), "sm_90": (True, 90, True, 3),
+                    "gfx90a": (False, 0, False, 2), "gfx942": (False, 0, True, 2),
+                    "pvc": (False, 0, False, 3), "bmg": (False, 0, False, 3)}
