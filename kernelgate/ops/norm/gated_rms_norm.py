@@ -72,7 +72,7 @@ def validate(x, weight, gate=None, eps=1e-6, group_size=None, norm_before_gate=T
 def _case(rows, D, *, gate=True, group_size=None, nbg=True, act="sigmoid", bias=False,
           residual=False, prenorm=False, rfp32=False):
     def make(device, dtype, gen):
-        r = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)
+        r = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
         shape = rows + (D,)
         x = r(*shape)
         w = (1 + 0.1 * torch.randn(D, generator=gen)).to(device=device, dtype=dtype)
