@@ -74,3 +74,22 @@ def test_launch_choices_follow_the_simulated_device(monkeypatch):
     assert seen == {"sm_80": (True, 80, False, 3), "sm_90": (True, 90, True, 3),
                     "gfx90a": (False, 0, False, 2), "gfx942": (False, 0, True, 2),
                     "pvc": (False, 0, False, 3), "bmg": (False, 0, False, 3)}
+
+
+def test_mla_decode_declares_what_intel_cannot_build(monkeypatch):
+    """compile_targets pvc / bmg: fp32 at the real latent width needs 144 KiB of local memory (128 on
+    Intel): the registry refuses that call on XPU with the reason, so dispatch runs the native form."""
+    op = registry.get("mla_decode")
+    impl = op.impl("triton")
+    impl.resolve()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    wide = [(c, dt) for c in op.cases() for dt in c.dtypes
+            if c.make("cpu", dt, torch.Generator().manual_seed(0))[0][5] > 256]
+    assert wide
+    for case, dtype in wide:
+        args, kwargs = case.make("cpu", dtype, torch.Generator().manual_seed(0))
+        for name in ("pvc", "sm_90"):
+            with platform.simulate(TARGETS[name].device, compiling=True):
+                why = impl.rejects(platform.current(), args, kwargs)
+            refused = name == "pvc" and dtype == torch.float32
+            assert (why is not None and "128 KiB" in why) if refused else why is None, (name, dtype, why)
