@@ -1,115 +1,42 @@
 """Compile every Triton implementation for GPUs this machine does not have.
 
-    python -m kernelgate.compile_targets [sm_80 sm_90 gfx90a gfx942 ...]
+    python -m kernelgate.compile_targets [-j N] [--native] [--json FILE] [sm_80 sm_90 gfx90a gfx942 pvc bmg]
 
-For each target, every registry implementation that needs Triton is called on each of its
-op's parity cases (CPU tensors) while Triton's active driver is a stand-in that reports that
-target and launches nothing: the launch code takes the choices it would take on that GPU
-(CONFIG vs portable forms, fp8 hardware or integer decode, TMA on sm_90) and Triton compiles
-them all the way to the target's binary (cubin through ptxas, hsaco through LLVM's AMDGPU
-backend -- both ship with Triton). Nothing is executed, so outputs are not checked here:
-the parity suite checks numbers (GPU, or CPU under the interpreter); this checks that a
-kernel the dispatch would pick on an A100, H100, MI250 or MI300 compiles there at all
-(Triton rejects fp8 casts before sm_89; LLVM aborts on fp8 conversions for gfx90a).
+For each target the platform layer simulates that GPU (`platform.simulate(Device, compiling=True)`:
+name, capability, the properties its runtime reports) and Triton's active driver is a stand-in
+that reports it and launches nothing. Every registry implementation that needs Triton is then
+called on each of its op's parity cases (CPU tensors): dispatch takes the launch choices it would
+take on that GPU and Triton compiles them all the way to the target's binary -- cubin (ptxas),
+hsaco (LLVM's AMDGPU backend), SPIR-V (Intel's backend, triton-xpu; `--native`: zebin for PVC
+through `ocloc`). Nothing runs, so numbers are the parity suite's business; this checks that what
+dispatch picks on an A100, H100, MI250, MI300, Max 1550 or B580 builds there, and what came out:
+a binary, shared / local memory within the device's limit, matrix instructions (mma / mfma /
+DPAS) where a 16-bit `tl.dot` is.
 
-Run it without TRITON_INTERPRET (the kernels must be JIT functions, not interpreted ones);
-`tests/test_compile_targets.py` runs it in a subprocess. Prints one line per (target,
-implementation) and exits non-zero if any failed.
+Every compiled specialisation is listed. A specialisation that differs from one already built
+for the target only in Triton's divisibility hints is compiled once (same dtypes, constexprs,
+warps and stages: the same program). An implementation that compiles nothing is SKIPPED with the
+registry's reason, never ok. Targets run in one process (default) or one process each (`-j N`).
+Run it without TRITON_INTERPRET (the kernels must be JIT functions, not interpreted ones).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
-import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-# target name -> (Triton backend, arch, warp size, shared memory per block in bytes)
-TARGETS = {
-    "sm_80": ("cuda", 80, 32, 166912),       # A100
-    "sm_90": ("cuda", 90, 32, 232448),       # H100 / H200
-    "gfx90a": ("hip", "gfx90a", 64, 65536),  # MI250
-    "gfx942": ("hip", "gfx942", 64, 65536),  # MI300
-}
-
-
-class _Utils:
-    def __init__(self, shared: int):
-        self.shared = shared
-
-    def get_device_properties(self, device):
-        return {"max_shared_mem": self.shared, "multiprocessor_count": 132, "max_num_regs": 65536,
-                "warpSize": 32}
-
-    def load_binary(self, name, kernel, shared, device):
-        return None, None, 0, 0, 1024        # module, function, regs, spills, max threads
-
-    def unload_module(self, module):
-        pass
-
-
-class StandInDriver:
-    """Triton's active-driver interface, enough to compile and to 'launch' (a no-op)."""
-
-    def __init__(self, name: str):
-        from triton.backends.compiler import GPUTarget
-        backend, arch, warp, shared = TARGETS[name]
-        self.target = GPUTarget(backend, arch, warp)
-        self.utils = _Utils(shared)
-
-    def is_active(self):
-        return True
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def set_current_device(self, device):
-        pass
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    def launcher_cls(self, src, metadata):
-        return lambda *args, **kwargs: None
-
-    def get_benchmarker(self):
-        """Autotuning finds every config equally fast without running it, so it keeps the first one,
-        which the launch then compiles (compiling them all would cost minutes per target)."""
-        def bench(kernel_call, quantiles=None, **kwargs):
-            return [1.0] * len(quantiles) if quantiles else 1.0
-        return bench
-
-
-@contextlib.contextmanager
-def targeting(name: str):
-    """Dispatch and compile as on `name`: the platform reports that GPU, Triton's driver is the
-    stand-in, and the launchers' vendor check sees CPU tensors as that vendor's."""
-    import dataclasses
-
-    from triton.runtime import driver
-
-    from . import platform, triton_utils
-    backend = TARGETS[name][0]
-    plat = dataclasses.replace(platform.current(), name="cuda" if backend == "cuda" else "rocm",
-                               real="cuda" if backend == "cuda" else "rocm", capability=name,
-                               triton=None, triton_mode="compiled", device_name=f"stand-in {name}")
-    saved = platform.current, triton_utils.nvidia, torch.version.hip, driver._active
-    platform.current = lambda: plat
-    triton_utils.nvidia = lambda device: backend == "cuda"
-    torch.version.hip = None if backend == "cuda" else "6.0"
-    driver.set_active(StandInDriver(name))
-    try:
-        yield plat
-    finally:   # (not reset_active: on a machine without a GPU Triton cannot create its default driver)
-        platform.current, triton_utils.nvidia, torch.version.hip, driver._active = saved
+from . import platform
+from .compile_stand_in import TARGETS, Spec, available, native_spec, ocloc, targeting
 
 
 def triton_impls():
@@ -121,40 +48,190 @@ def triton_impls():
                 yield op, impl
 
 
-def compile_all(names) -> list:
-    """[(target, 'op/impl', error or None, seconds)] for every Triton implementation and target."""
-    results = []
-    for name in names:
-        with targeting(name) as plat:
-            for op, impl in triton_impls():
-                if plat.name not in impl.platforms:
-                    continue
-                err, t0 = None, time.perf_counter()
-                try:
-                    fn = impl.callable()
-                    for case in op.cases():
-                        for dtype in case.dtypes:
-                            args, kwargs = case.make("cpu", dtype, torch.Generator().manual_seed(0))
-                            if impl.supports is None or impl.supports(*args, **kwargs) is None:
-                                fn(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001 - report every failure, keep going
-                    err = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
-                    if os.environ.get("KERNELGATE_COMPILE_TRACE"):
-                        traceback.print_exc()
-                results.append((name, f"{op.name}/{impl.name}", err, time.perf_counter() - t0))
-    return results
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """Send fd 2 (where MLIR / LLVM print their diagnostics) to `path` inside the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _compiler_message(e: Exception, log: str) -> str:
+    """The exception and the compiler's own diagnostics (MLIR / LLVM / ptxas print to stderr)."""
+    text = f"{type(e).__name__}: {str(e).strip()}"
+    diag = [line for line in log.splitlines() if re.search(r"error|Error|abort|LLVM ERROR", line)]
+    return "\n".join([text, *diag[:20]])
+
+
+def compile_impl(name: str, op, impl, rec) -> dict:
+    """Call `impl` on each parity case as dispatch on `name` would; the result row for it."""
+    plat = platform.current()
+    row = {"target": name, "impl": f"{op.name}/{impl.name}", "status": "ok", "reason": None,
+           "cases": 0, "rejected": {}, "specs": [], "seconds": 0.0}
+    t0 = time.perf_counter()
+    if plat.name not in impl.platforms:
+        row.update(status="SKIPPED", reason=impl.rejects(plat, None, {}))
+        return row
+    rec.begin(row)
+    with tempfile.NamedTemporaryFile(suffix=".log") as log:
+        try:
+            with _stderr_to(log.name):
+                fn = impl.callable()
+                for case in op.cases():
+                    for dtype in case.dtypes:
+                        args, kwargs = case.make("cpu", dtype, torch.Generator().manual_seed(0))
+                        why = impl.rejects(plat, args, kwargs)  # the registry's own per-call check
+                        if why is not None:
+                            row["rejected"].setdefault(why, []).append(f"{case.id}-{str(dtype)[6:]}")
+                            continue
+                        row["cases"] += 1
+                        fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - report every failure, keep going
+            with open(log.name, errors="replace") as f:
+                row.update(status="FAILED", reason=_compiler_message(e, f.read()))
+    rec.end()
+    bad = [s for s in row["specs"] if s["problem"]]
+    if row["status"] == "ok" and bad:
+        row.update(status="FAILED", reason="; ".join(f"{s['kernel']}: {s['problem']}" for s in bad[:5]))
+    if row["status"] == "ok" and not row["specs"]:
+        why = "; ".join(f"{r} ({len(c)} cases)" for r, c in row["rejected"].items())
+        row.update(status="SKIPPED", reason=why or "no parity case launched a kernel")
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def compile_target(name: str, native: bool = False) -> list[dict]:
+    why = available(name)
+    if why:
+        return [{"target": name, "impl": "*", "status": "SKIPPED", "reason": why, "cases": 0,
+                 "rejected": {}, "specs": [], "seconds": 0.0}]
+    with targeting(name, native=native) as rec:
+        rows = [compile_impl(name, op, impl, rec) for op, impl in triton_impls()]
+    if rec.native is not None:
+        rows.append(compile_native(name, rec.native))
+    return rows
+
+
+def compile_native(name: str, spirv: dict) -> dict:
+    """The row for native code: one specialisation per kernel through ocloc, in parallel."""
+    row = {"target": name, "impl": "native", "status": "ok", "reason": None, "cases": len(spirv),
+           "rejected": {}, "specs": [], "seconds": 0.0}
+    t0 = time.perf_counter()
+    if shutil.which("ocloc") is None:
+        row.update(status="SKIPPED", reason="ocloc not found (Debian / Ubuntu: apt-get install intel-opencl-icd)")
+        return row
+
+    def build(item):
+        spec, spv, flags = item
+        try:
+            return native_spec(spec, ocloc(spv, flags, device=name)), None
+        except RuntimeError as e:
+            return None, f"{spec['kernel']}[{spec['key']}]: {e}"
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        for spec, err in pool.map(build, spirv.values()):
+            if err:
+                row.update(status="FAILED", reason=err if row["reason"] is None else row["reason"])
+            else:
+                row["specs"].append(spec)
+    bad = [s for s in row["specs"] if s["problem"]]
+    if row["status"] == "ok" and bad:
+        row.update(status="FAILED", reason="; ".join(f"{s['kernel']}: {s['problem']}" for s in bad[:5]))
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def _in_subprocess(name: str, native: bool) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "kernelgate.compile_targets", "--json", "-", name] + (["--native"] if native else [])
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def compile_all(names, jobs: int = 1, native: bool = False) -> list[dict]:
+    """One row per (target, implementation); `jobs` > 1 runs each target in its own process."""
+    if jobs <= 1:
+        return [row for name in names for row in compile_target(name, native)]
+    rows, pending, running = [], list(names), {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            running[name] = _in_subprocess(name, native)
+        name, proc = next(iter(running.items()))
+        out, err = proc.communicate()
+        del running[name]
+        try:
+            rows += json.loads(out)
+        except json.JSONDecodeError:   # the compiler took the process down (an LLVM abort)
+            rows.append({"target": name, "impl": "*", "status": "FAILED", "cases": 0, "rejected": {},
+                         "specs": [], "seconds": 0.0,
+                         "reason": f"process exited {proc.returncode}: {err.strip()[-2000:]}"})
+    return rows
+
+
+def _spec_line(s: Spec) -> str:
+    extra = f" {s['dot']}" if s["dot"] else ""
+    return f"    {s['kernel']}[{s['key']}] w{s['warps']} s{s['stages']} {s['binary']} shared={s['shared']}{extra}"
+
+
+def report(rows, verbose: bool = True, out=sys.stdout) -> int:
+    bad = 0
+    for r in rows:
+        n, dup = len(r["specs"]), sum(s["reuses"] for s in r["specs"])
+        head = f"{r['target']:7s} {r['impl']:45s} {r['seconds']:6.1f} s  {n:3d} compiled {dup:3d} reused  "
+        if r["status"] == "ok":
+            rej = "".join(f"\n    (dispatch rejects {len(c)} cases: {why})" for why, c in r["rejected"].items())
+            print(head + "ok" + rej, file=out)
+        else:
+            print(head + f"{r['status']}: {r['reason']}", file=out)
+        if verbose:
+            for s in r["specs"]:
+                print(_spec_line(s), file=out)
+        bad += r["status"] == "FAILED"
+    by = {}
+    for r in rows:
+        t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": ""})
+        if r["impl"] == "native":
+            t["native"] = f"; native code: {len(r['specs'])} zebin {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+            continue
+        t["specs"] += len(r["specs"])
+        t[r["status"]] += 1
+    for name, t in by.items():
+        print(f"compile_targets {name}: {t['specs']} specialisations, {t['ok']} implementations ok, "
+              f"{t['SKIPPED']} skipped, {t['FAILED']} failed{t['native']}", file=out)
+    return 1 if bad else 0
 
 
 def main(argv=None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or list(TARGETS)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    ap = argparse.ArgumentParser(prog="python -m kernelgate.compile_targets", description=__doc__.split("\n")[0])
+    ap.add_argument("targets", nargs="*", help=f"default: every target this Triton can build ({', '.join(TARGETS)})")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="targets compiled in parallel processes")
+    ap.add_argument("--native", action="store_true",
+                    help="PVC: also build native code (zebin) through ocloc, one specialisation per kernel")
+    ap.add_argument("--json", metavar="FILE", help="write the rows as JSON ('-': stdout, no text report)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no per-specialisation lines")
+    a = ap.parse_args(argv)
+    if platform.interpreting():
         print("compile_targets: unset TRITON_INTERPRET (kernels must be JIT functions)")
         return 2
-    bad = 0
-    for name, what, err, secs in compile_all(names):
-        print(f"{name:7s} {what:45s} {secs:5.1f} s  {'ok' if err is None else 'FAILED ' + err}", flush=True)
-        bad += err is not None
-    return 1 if bad else 0
+    unknown = [t for t in a.targets if t not in TARGETS]
+    if unknown:
+        print(f"compile_targets: unknown target(s) {', '.join(unknown)} (known: {', '.join(TARGETS)})")
+        return 2
+    names = a.targets or [t for t in TARGETS if available(t) is None]
+    rows = compile_all(names, a.jobs, a.native)
+    if a.json == "-":
+        json.dump(rows, sys.stdout)
+        return 1 if any(r["status"] == "FAILED" for r in rows) else 0
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f)
+    return report(rows, verbose=not a.quiet)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,14 @@
 `KERNELGATE_PLATFORM=<name>` (or `simulate(name)`) makes dispatch decide as if it ran on
 that platform while tensors stay on the real device: on a CPU machine with
 `TRITON_INTERPRET=1` this exercises the XPU/ROCm choices through Triton's interpreter.
+`simulate(Device(...))` goes further and stands in for one GPU model (capability and the
+properties its runtime reports), which is how `compile_targets` builds kernels for GPUs
+this machine does not have.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import importlib.metadata
@@ -19,6 +23,12 @@ import torch
 PLATFORMS = ("cuda", "rocm", "xpu", "npu", "mps", "cpu")
 # Platforms whose devices Triton compiles for.
 TRITON_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
+# Why kernelgate compiles no Triton kernels for a platform (doctor shows it per implementation).
+NO_TRITON = {
+    "npu": "no Triton kernel is declared for Ascend NPU: triton-ascend lowers Triton only as far as HIVM IR "
+           "without CANN (its final compiler, hivmc, ships with CANN), so none is compiled or tested for NPU",
+    "mps": "Triton has no Apple MPS backend",
+}
 # Optional kernel libraries a provider may need: capability name -> import name.
 LIBRARIES = {
     "triton": "triton",
@@ -26,6 +36,19 @@ LIBRARIES = {
     "sgl_kernel": "sgl_kernel",
     "vllm": "vllm",
     "torch_npu": "torch_npu",
+}
+
+
+# SYCL's `architecture` id (torch.xpu.get_device_capability()["architecture"]) -> the name Triton's
+# Intel backend compiles for (and kernelgate's XPU capability string).
+XPU_ARCHS = {
+    0x030DC00800: "dg2",   # Arc A770 / A750 (ACM-G10, Xe-HPG)
+    0x030E000500: "dg2",   # Arc A380 (ACM-G11)
+    0x030F000700: "pvc",   # Data Center GPU Max 1100 / 1550 (Xe-HPC)
+    0x030F400700: "pvc",   # Max 1100 VG
+    0x0311C00400: "mtl",   # Meteor Lake H iGPU
+    0x0500400400: "bmg",   # Arc B580 / B570 (BMG-G21, Xe2-HPG)
+    0x0501000400: "lnl",   # Lunar Lake iGPU
 }
 
 
@@ -44,6 +67,7 @@ class Platform:
     triton_mode: str | None       # "compiled" | "interpreter" | None
     streams: bool                 # side streams available on the real device
     libraries: dict = field(default_factory=dict)  # name -> version or "unavailable: reason"
+    properties: dict = field(default_factory=dict)  # XPU: torch.xpu.get_device_capability()
 
     @property
     def simulated(self) -> bool:
@@ -101,7 +125,8 @@ def _detect_real() -> tuple[str, str, str | None, str | None]:
         major, minor = torch.cuda.get_device_capability(0)
         return "cuda", "cuda", f"sm_{major}{minor}", props.name
     if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu", "xpu", None, torch.xpu.get_device_name(0)
+        arch = torch.xpu.get_device_capability(0).get("architecture")
+        return "xpu", "xpu", XPU_ARCHS.get(arch), torch.xpu.get_device_name(0)
     if library_reason("torch_npu") is None and torch.npu.is_available():  # type: ignore[attr-defined]
         return "npu", "npu", None, None
     if torch.backends.mps.is_available():
@@ -112,7 +137,8 @@ def _detect_real() -> tuple[str, str, str | None, str | None]:
 def fp8_hardware(capability: str | None) -> bool:
     """Whether a device of this capability converts fp8 in hardware, which Triton's fp8 casts need:
     NVIDIA from sm_89 (Ada, Hopper, Blackwell; Triton rejects float8e4nv below), AMD gfx94x / gfx95x
-    (MI300 / MI350) and gfx12. Elsewhere kernels decode fp8 bytes with integer ops (exact)."""
+    (MI300 / MI350) and gfx12. Intel PVC / BMG / DG2 have none (Triton's Intel backend converts in
+    software). Elsewhere kernels decode fp8 bytes with integer ops (exact)."""
     if not capability:
         return False
     if capability.startswith("sm_"):
@@ -152,11 +178,21 @@ def _streams(device: str) -> bool:
 def _real_platform() -> Platform:
     name, device, cap, dev_name = _detect_real()
     mode, reason = _triton_state(device)
+    props = torch.xpu.get_device_capability(0) if name == "xpu" else {}
     return Platform(name=name, device=device, real=name, capability=cap, device_name=dev_name,
-                    triton=reason, triton_mode=mode, streams=_streams(device))
+                    triton=reason, triton_mode=mode, streams=_streams(device), properties=props)
 
 
-_simulated: list[str] = []
+@dataclass(frozen=True)
+class Device:
+    """One GPU model as its runtime reports it, to decide and compile for it without having it."""
+    platform: str                 # "cuda" | "rocm" | "xpu"
+    capability: str               # "sm_90", "gfx942", "pvc" (XPU: Triton's arch name, see XPU_ARCHS)
+    name: str                     # as torch.<device>.get_device_name() reports it
+    properties: dict = field(default_factory=dict, hash=False)  # XPU: torch.xpu.get_device_capability()
+
+
+_simulated: list = []   # platform names or (Device, compiling)
 
 
 @functools.cache
@@ -180,9 +216,21 @@ _current: list[Platform] = []
 def current() -> Platform:
     """The platform dispatch decides for (cheap: cached until `refresh()` or `simulate()`)."""
     if not _current:
-        name = _simulated[-1] if _simulated else (os.environ.get("KERNELGATE_PLATFORM") or None)
-        _current.append(_platform_for(name, interpreting()))
+        sim = _simulated[-1] if _simulated else None
+        if isinstance(sim, tuple):
+            _current.append(_platform_of_device(*sim))
+        else:
+            name = sim or os.environ.get("KERNELGATE_PLATFORM") or None
+            _current.append(_platform_for(name, interpreting()))
     return _current[0]
+
+
+def _platform_of_device(dev: Device, compiling: bool) -> Platform:
+    base = _platform_for(dev.platform, interpreting())
+    if compiling:  # a stand-in Triton driver compiles for `dev`; launches take this machine's tensors
+        base = dataclasses.replace(base, triton=None, triton_mode="compiled")
+    return dataclasses.replace(base, capability=dev.capability, device_name=dev.name,
+                               properties=dict(dev.properties))
 
 
 def refresh() -> None:
@@ -196,10 +244,13 @@ _listeners: list = []  # callbacks run whenever the platform may have changed
 
 
 @contextlib.contextmanager
-def simulate(name: str):
-    """Dispatch as if on platform `name` inside the block."""
-    _platform_for(name, interpreting())  # validate the name now
-    _simulated.append(name)
+def simulate(name: str | Device, *, compiling: bool = False):
+    """Dispatch as if on platform `name` inside the block; given a `Device`, as if on that GPU
+    (its platform, capability and properties). `compiling=True` (compile_targets): Triton, driven
+    by a stand-in for that device, compiles real binaries for it from this machine's tensors."""
+    dev = name if isinstance(name, Device) else None
+    _platform_for(dev.platform if dev else name, interpreting())  # validate the name now
+    _simulated.append((dev, compiling) if dev else name)
     refresh()
     try:
         yield current()

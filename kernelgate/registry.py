@@ -85,7 +85,9 @@ class Impl:
     def rejects(self, plat: Platform, args: tuple, kwargs: dict, forced: bool = False) -> str | None:
         """Why this implementation is not used for this call (None if it can be)."""
         if not forced and plat.name not in self.platforms:
-            return f"not declared for {plat.name} (declared: {', '.join(sorted(self.platforms))})"
+            why = f"not declared for {plat.name} (declared: {', '.join(sorted(self.platforms))})"
+            no_triton = _platform.NO_TRITON.get(plat.name) if self.provider == "triton" else None
+            return f"{why}: {no_triton}" if no_triton else why
         reason = self.unavailable(plat)
         if reason:
             return reason

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import checks
+from ... import checks, platform
 from ...registry import GPU_TRITON, Case, declare
 from . import paged
 
@@ -140,6 +140,9 @@ def _triton_supports(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_
         return f"q dtype {q.dtype} != cache dtype {cache.dtype} (one tl.dot operand type)"
     if q.shape[1] * next_n > 256:
         return f"{q.shape[1] * next_n} query rows per sequence (heads x next_n) > 256 (register budget)"
+    if platform.current().name == "xpu" and q.element_size() == 4 and kv_lora_rank > 256:
+        # compile_targets pvc / bmg: the fp32 latent tile padded to 512 needs 144 KiB of local memory
+        return f"fp32 with kv_lora_rank {kv_lora_rank} needs 144 KiB of shared local memory; Intel GPUs have 128 KiB"
     return None
 
 

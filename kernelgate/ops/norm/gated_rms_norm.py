@@ -130,9 +130,10 @@ gated_rms_norm = declare(OP, gated_rms_norm_native, validate=validate, cases=cas
 
 # -- implementations ---------------------------------------------------------------------
 def _compiled_needs_gpu(x, *args, **kwargs):
-    # Compiled Triton launches on GPU tensors only; CPU tensors need TRITON_INTERPRET=1.
-    if x.device.type == "cpu" and not platform.interpreting():
-        return "x is a CPU tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
+    # Compiled Triton launches on the platform's device; tensors elsewhere need TRITON_INTERPRET=1.
+    # (compile_targets' stand-in GPU is a platform whose device is this machine's CPU.)
+    if x.device.type != platform.current().device and not platform.interpreting():
+        return f"x is a {x.device.type} tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
     return None
 
 

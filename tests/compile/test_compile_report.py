@@ -1,0 +1,64 @@
+"""compile_targets' bookkeeping without compiling: an implementation that builds nothing is
+SKIPPED with a reason (never ok), a failure fails the run and carries the compiler's message."""
+import io
+
+import pytest
+import torch
+
+from kernelgate import platform, registry
+from kernelgate.compile_stand_in import TARGETS, Recorder
+from kernelgate.compile_targets import compile_impl, report
+
+pytest.importorskip("triton")   # imported under this run's TRITON_INTERPRET (see test_stand_in_platform)
+
+
+def _ref(x):
+    return x * 2
+
+
+def _op(platforms, fn):
+    op = registry.Op("fake_double", _ref, cases=lambda: [registry.Case("T3", lambda d, dt, g: ((torch.ones(3, dtype=dt),), {}))])
+    return op, op.implementation("triton", fn, provider="triton", platforms=platforms)
+
+
+def _compile(target, op, impl, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with platform.simulate(TARGETS[target].device, compiling=True):
+        return compile_impl(target, op, impl, Recorder(TARGETS[target]))
+
+
+def test_not_declared_is_skipped_with_the_registry_reason(monkeypatch):
+    op, impl = _op(("xpu",), _ref)
+    row = _compile("sm_90", op, impl, monkeypatch)
+    assert row["status"] == "SKIPPED" and row["reason"] == "not declared for cuda (declared: xpu)"
+
+
+def test_nothing_compiled_is_skipped_not_ok(monkeypatch):
+    op, impl = _op(("cuda",), _ref)          # runs, but launches no Triton kernel
+    row = _compile("sm_80", op, impl, monkeypatch)
+    assert (row["status"], row["cases"], row["specs"]) == ("SKIPPED", 2, [])
+    assert row["reason"] == "no parity case launched a kernel"
+
+
+def test_a_failure_carries_the_message(monkeypatch):
+    def broken(x):
+        raise RuntimeError("PassManager::run failed\nerror: 'tt.fp_to_fp' op unsupported conversion")
+    op, impl = _op(("rocm",), broken)
+    row = _compile("gfx90a", op, impl, monkeypatch)
+    assert row["status"] == "FAILED" and "unsupported conversion" in row["reason"]
+
+
+def test_report_lines_and_exit_code():
+    spec = {"kernel": "k", "key": "fp32|B=1", "warps": 4, "stages": 2, "binary": "spv 10 B", "shared": 0,
+            "dot": "", "problem": "", "reuses": 1}
+    rows = [{"target": "pvc", "impl": "a/triton", "status": "ok", "reason": None, "rejected": {}, "specs": [spec],
+             "seconds": 1.0},
+            {"target": "pvc", "impl": "b/triton", "status": "SKIPPED", "reason": "why", "rejected": {}, "specs": [],
+             "seconds": 0.0}]
+    out = io.StringIO()
+    assert report(rows, out=out) == 0
+    text = out.getvalue()
+    assert "SKIPPED: why" in text and "    k[fp32|B=1] w4 s2 spv 10 B shared=0" in text
+    assert text.endswith("compile_targets pvc: 1 specialisations, 1 implementations ok, 1 skipped, 0 failed\n")
+    rows[1].update(status="FAILED", reason="LLVM ERROR: boom")
+    assert report(rows, out=io.StringIO()) == 1
