@@ -94,6 +94,7 @@ def validate(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     checks.tensor(OP, "state", state, shape=(None, H, K, v.shape[2]), dtype=torch.float32, device=dev)
     checks.tensor(OP, "slots", slots, shape=(N,), dtype=INDEX, device=dev)
     _scale_ok(OP, scale)
+    checks.require(isinstance(qk_l2norm, bool), OP, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
 
 
 def validate_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim, scale=None,

@@ -174,6 +174,7 @@ def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=T
     checks.tensor(OP, "slots", slots, shape=(cu_seqlens.shape[0] - 1,), dtype=INDEX, device=dev)
     checks.require(scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                      and scale > 0), OP, f"scale must be None or a number > 0, got {scale!r}")
+    checks.require(isinstance(qk_l2norm, bool), OP, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
     validate_host_hint(OP, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
     validate_host_hint(OP, "slots_cpu", slots_cpu, slots)
 

@@ -93,6 +93,7 @@ def validate(logits, bias, topk, n_group, topk_group, renormalize, routed_scalin
                    f"num_fused_shared_experts must be an int >= 0, got {num_fused_shared_experts!r}")
     checks.require(isinstance(routed_scaling_factor, (int, float)) and math.isfinite(routed_scaling_factor),
                    OP, f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+    checks.require(isinstance(renormalize, bool), OP, f"renormalize must be a bool, got {renormalize!r}")
 
 
 # -- vendor slot: sgl_kernel.moe_fused_gate ----------------------------------------------
