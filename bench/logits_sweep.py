@@ -1,6 +1,7 @@
-"""Sweep the fp8_paged_mqa_logits Triton kernel's launch variants on CUDA (orientation q x K^T /
-K x q^T, operand decode fp8 / bf16 / f16 / f16bits, head-sum form, tile, warps, stages, grid
-size, key-load pipelining) on the op's bench cases.
+"""Sweep the fp8_paged_mqa_logits Triton kernels' launch options on CUDA (keys x q^T, triton_kq:
+tile, warps, stages, grid size, key loads, register cap; and the portable q x K^T form, triton)
+on the op's bench cases. (Forms and modes tried and dropped -- bf16 operand, fp8 MMA with or without
+promotion, prefetch / plain-TMA key loads, reshape head sum: bench/RESULTS.md.)
 
 Each variant is first checked against the native reference on the same inputs (the parity
 compare: rtol 2e-4 on the finite logits, -inf at identical positions); a variant that fails
@@ -27,12 +28,11 @@ SHARES = (0.4, 0.35, 0.25)  # the first two compile every variant (next_n 1, 2);
 T0 = time.time()
 OP = "fp8_paged_mqa_logits"
 
-KQ = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4)
 VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotunes); <= 8 rows
     # key loads (kl docstring): sm_90 TTGIR from Triton 3.6 shows tma = cp.async.bulk.tensor + mbarrier ring
     # of S - 1 tiles. Session 3 (H200): tma s3 51.7 / 85.1 / 8.7 us against plain s3 63.3 / 104.2 / 9.6 and
     # ahead s3 58.2 / 84.9 / 9.7 -> CONFIG. Here: grid shape (programs -> tiles per program), warps, stages.
-    ("CONFIG", {}),
+    ("CONFIG", {}),                          # triton_kq by its launch table (launch_config_kq)
     # Session 3 (H200): programs 528 / 2112 / 4224: 51.9 / 53.4 / 57.6 us at next_n 1 (CONFIG 52.4), w8 80.3,
     # s2 56.3 (but 8.0 at B1 ctx128k), s5 54.1. Session 4: tma2 s3 51.6 / 79.3 / 8.5 -> CONFIG; fp8 MMA + tma2
     # 42.0 (inexact). ncu (CONFIG): 114 registers -> 4 programs / SM, 3.65 warps per scheduler, 46 % issue,
@@ -48,6 +48,7 @@ VARIANTS = [   # name -> kl.launch overrides (everything pinned: nothing autotun
     ("min_tiles 2", dict(min_tiles=2)),
     ("min_tiles 1", dict(min_tiles=1)),
     ("min_tiles 3", dict(min_tiles=3)),
+    ("portable q x K^T (triton)", dict(form="qk")),
 ]
 PARITY_TOO = {"CONFIG", "min_tiles 1"}
 
@@ -98,7 +99,8 @@ def sweep(dev, bw):
 
 def main():
     import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
-    got = start(f"logits CONFIG {kl.CONFIG}")
+    from kernelgate import platform
+    got = start(f"logits launch table (triton_kq) {kl.launch_config_kq(platform.current())}")
     if got:
         sweep(*got)
         print(f"total {time.time() - T0:.0f} s")

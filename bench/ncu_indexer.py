@@ -14,15 +14,15 @@ from kernelgate import registry
 from kernelgate.ops.common import fp8 as _fp8
 from kernelgate.testing import assert_close
 import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
-import kernelgate.ops.indexer.indexer_q_triton as kq
+import kernelgate.ops.indexer.indexer_q_tok_triton as kq
 
-Q = {   # name -> (variant, launch overrides)
+Q = {   # name -> (variant, launch overrides of the token-major kernel, triton_tok)
     "q-v4-CONFIG": ("v4", {}),
-    "q-v4-lanes": ("v4", dict(form="tok", tok=1, pieces=4, num_warps=4, hmode="lanes")),
-    "q-v4-lanes-tok2-w8": ("v4", dict(form="tok", tok=2, pieces=4, num_warps=8, hmode="lanes")),
+    "q-v4-no-maxnreg": ("v4", dict(maxnreg=None)),
+    "q-v4-tok2-w8": ("v4", dict(tok=2, num_warps=8)),
     "q-v32-CONFIG": ("v32", {}),
 }
-LOGITS = {"logits-CONFIG": {}}
+LOGITS = {"logits-CONFIG": {}, "logits-portable-qk": dict(form="qk")}
 
 
 def main(names):

@@ -127,8 +127,15 @@ fp8_paged_mqa_logits = declare(
     rtol={torch.float8_e4m3fn: 2e-4, torch.float8_e4m3fnuz: 2e-4})
 
 
+# Two kernels (fp8_paged_mqa_logits_triton.py; launch choices per platform in its launch_config*):
+# keys x q^T with pipelined / TMA key loads, the NVIDIA winner, and the portable q x K^T form.
+fp8_paged_mqa_logits.implementation(
+    "triton_kq", ".fp8_paged_mqa_logits_triton:fp8_paged_mqa_logits_triton_kq", provider="triton",
+    platforms=("cuda",), requires=("triton",), priority=20,
+    doc="per (sequence, context split): keys x q^T tl.dot over 64-key tiles (exact fp16 upcast or integer "
+        "decode), head sum within threads; keys by TMA on sm_90+, table entry a tile ahead elsewhere")
 fp8_paged_mqa_logits.implementation(
     "triton", ".fp8_paged_mqa_logits_triton:fp8_paged_mqa_logits_triton", provider="triton",
     platforms=GPU_TRITON, requires=("triton",), priority=10,
-    doc="per (sequence, context split): keys x q^T tl.dot over 64-key tiles (fp8 upcast, or decoded from the "
-        "bytes where the device has no conversion for the format), relu, weighted head sum")
+    doc="per (sequence, context split): q x K^T tl.dot over 64-key tiles (fp8 MMA on ROCm fp8 GPUs, exact "
+        "fp16 upcast, or decoded from the bytes where the device has no conversion), relu, weighted head sum")

@@ -1,55 +1,31 @@
-"""Triton kernel: DeepSeek indexer logits over the paged fp8 key cache.
+"""Triton kernels: DeepSeek indexer logits over the paged fp8 key cache.
 
 Grid (sequence b, context split). A program keeps the ROWS = next_n * H query rows of its
-sequence (rows padded to NQP * HP, a power of two >= 16 for tl.dot) and walks its split in
-tiles of BLOCK_T tokens: gather the tile's keys and scales, one tl.dot of keys and queries,
-relu, weight per row, sum over heads per query, times the key scale, masks, store. Tiles past
-the context length only store -inf. Two orientations (`kq`):
+sequence (rows padded to NQP * HP, a power of two >= 16 for tl.dot), loaded and upcast once, and
+walks its split in tiles of BLOCK_T tokens: gather the tile's keys and scales, one tl.dot of keys
+and queries, relu, weight per row, sum over heads per query, times the key scale, masks, store.
+Tiles past the context length only store -inf. Two forms (two implementations):
 
-- q x K^T (kq=False): acc [ROWS, BLOCK_T], heads on the MMA's M axis, so the head sum
-  reduces across warps every tile (measured epilogue-bound on the H200: time doubles with
-  next_n).
-- K x q^T (kq=True): acc [BLOCK_T, ROWS], heads on the N axis, the head sum mostly within a
-  thread; the key tile is [BLOCK_T, 128] row-major (128 contiguous bytes per token) and is
-  the MMA's A operand, upcast in registers.
+- keys x q^T (`triton_kq`, NVIDIA): acc [BLOCK_T, ROWS], heads on the MMA's N axis so the head sum
+  stays mostly within a thread (a full-width masked sum per query: no reshape through shared
+  memory). The key tile [BLOCK_T, 128] (128 contiguous bytes per token) is the MMA's A operand.
+  Key loads ("keys"): when a tile lies in one cache block, the block-table entry is loaded one tile
+  ahead ("ahead"), so the key load depends on no load of its own iteration and Triton's pipeliner
+  gives it num_stages - 1 tiles of lookahead; on sm_90+ the keys come by TMA from a descriptor over
+  the cache viewed as [num_blocks, block_size, 128] uint8 (box [1, BLOCK_T, 128]) and the scales are
+  loaded one tile ahead into registers ("tma"), so nothing in the loop waits on its own iteration.
+  A tile spanning cache blocks loads one table entry per token ("plain").
+- q x K^T (`triton`, portable): acc [ROWS, BLOCK_T], heads on the M axis (the head sum reduces
+  across warps every tile), plain key loads: the form every Triton backend compiles.
 
-Operands (`operand`): "fp8" feeds the codes to tl.dot (fp8 MMA on sm89+; Hopper's fp8 MMA
-accumulates with too few bits for the 2e-4 bound: 2.3e-4 typical, 4e-3 on a one-token
-context). "bf16" / "f16" upcast with Triton's conversion: every e4m3 / e4m3fnuz value is
-exact in both, products are exact and the MMA accumulates in fp32. "f16bits" decodes the
-byte with integer ops -- sign << 15 | magnitude << 7 is the fp16 whose value is the code's
-times 2^-(15 - bias), subnormals included -- and folds the power of two into the key scale;
-it needs no fp8 conversion instruction (so it also decodes e4m3fnuz on NVIDIA).
-"fp8promote" keeps fp8 MMA but passes max_num_imprecise_acc=32: on sm90 Triton's default
-(2^30) never promotes the tensor core's reduced-precision partial sums; 32 promotes them to
-fp32 after every 32 products, as DeepGEMM does.
-
-Key loads (`keys`: default "plain"; CONFIG on NVIDIA takes "tma2": 51.6 vs 63.3 µs plain at
-B32 ctx32k on the H200, bench/RESULTS.md). Triton's pipeliner (sm_80+)
-turns a tile's key load into cp.async, but the key address depends on a block-table load in
-the same iteration (indirection level 1), so num_stages S buys (S - 1) // 2 tiles of lookahead
-(one at S 3 in the sm_90 TTGIR, waited with async_wait 0); the scales stay a synchronous load:
-- "plain": the loop above.
-- "prefetch": tile i + 1's keys and scales are loaded into registers while tile i computes
-  (loop-carried values, which the pipeliner leaves alone); any tile size.
-- "ahead": the block-table entry is loaded one tile ahead (a loop-carried scalar), so the key
-  load depends on no load of its own iteration: the pipeliner gives it S - 1 tiles of
-  lookahead (cp.async ring of S - 1 buffers). Carrying more (the entry two tiles ahead, the
-  scales one tile ahead) made Triton 3.6 skip pipelining the loop altogether (sm_90 TTGIR).
-- "tma": "ahead" with the keys read by TMA from a host-side descriptor over the cache viewed
-  as [num_blocks, block_size, 128] uint8, strides (block_size * 132, 128, 1): a tile is the
-  box [1, BLOCK_T, 128] at (block, offset, 0); pipelined as cp.async.bulk.tensor + mbarriers.
-- "tma2": "tma" with the scales loaded one tile ahead into registers (a loop-carried [BLOCK_T]),
-  so no load in the loop is waited on in its own iteration. (Scales through a second TMA
-  descriptor are not pipelined by Triton 3.6 -- they feed no dot -- and were issued and waited in
-  the same iteration in the sm_90 TTGIR; the register prefetch keeps the key ring intact.)
-"ahead" and "tma(2)" need ONE_BLOCK (a tile inside one cache block); elsewhere they run "plain".
-"tma(2)" needs sm_90+ and 16-byte aligned strides (block_size % 4 == 0); elsewhere (AMD, XPU,
-older NVIDIA) it runs "ahead". The interpreter runs TensorDescriptor loads (Triton 3.9).
-
-Under the interpreter (DOT_F32) fp8 -> bf16 conversion and bf16 tl.dot are not reliable
-(Triton 3.9): the upcast operands go through fp32 and an IEEE fp32 dot -- the same exact
-products and an fp32 sum -- so CPU tests check every orientation and decode.
+Operands: "fp8" feeds the codes to tl.dot (fp8 MMA; on ROCm only: Hopper's fp8 MMA accumulates with
+too few bits for the op's 2e-4 bound). "f16" upcasts with Triton's conversion: every e4m3 / e4m3fnuz
+value is exact in fp16, products are exact and the MMA accumulates in fp32. "f16bits" decodes the
+byte with integer ops -- sign << 15 | magnitude << 7 is the fp16 whose value is the code's times
+2^-(15 - bias), subnormals included -- and folds the power of two into the key scale: it needs no fp8
+conversion instruction (sm_80, gfx90a, XPU; e4m3fnuz on NVIDIA). Under the interpreter (DOT_F32)
+fp8 -> bf16 conversion and bf16 tl.dot are not reliable: operands go through fp32 and an IEEE fp32
+dot -- the same exact products and an fp32 sum.
 """
 from __future__ import annotations
 
@@ -57,34 +33,67 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import alloc, platform, triton_utils
+from ... import alloc, platform
 from ...checks import require
 from ..common import fp8 as _fp8
+from ..common.fp8_triton import as_fp8
 from .k_cache import TOKEN_BYTES, cache_blocks
 
 OP_LOGITS = "fp8_paged_mqa_logits"
-from ..common.fp8_triton import as_fp8
-
-OPERANDS = {"fp8": 0, "bf16": 1, "f16": 2, "f16bits": 3, "fp8promote": 4}
-# Launch choices on NVIDIA GPUs (the lead sets the winners of bench/logits_sweep.py here).
-# programs: the grid aims at about this many (sequence, split) programs; min_tiles: at least
-# this many tiles per program (q is loaded and upcast once per program). keys "tma2" (H200, 2026-11-29
-# session 4, bench/logits_sweep.py): 51.6 / 79.3 / 8.5 us (B32 ctx32k next_n 1 / 2, B1 ctx128k) against
-# keys "tma" 52.7 / 84.9 / 8.6.
-CONFIG = dict(kq=True, operand="f16", hsum="mask", block_t=64, num_warps=4, num_stages=3,
-              programs=1056, min_tiles=4, keys="tma2", maxnreg="auto")
-# maxnreg "auto": MAXNREG by the padded next_n. At next_n 1 the kernel takes 114 registers (4 programs of
-# 4 warps per SM; ncu: 3.65 warps per scheduler, 46 % issue); capped at 96, 5 programs fit: 51.3 -> 47.5 us
-# at B32 ctx32k, 8.5 -> 8.1 at B1 ctx128k (H200, session 4). At next_n 2 (153 registers) any cap spills
-# (96: 78.4 -> 96.1 us; 104: 137), so none there; 80 is slower at next_n 1 (62.9) and fails ptxas at 2.
+OPERANDS = {"fp8": 0, "f16": 2, "f16bits": 3}
+KEYS = {"plain": 0, "ahead": 1, "tma": 2}
+# maxnreg by padded next_n (keys x q^T on NVIDIA): at next_n 1 the kernel takes 114 registers (4
+# programs per SM); capped at 96, 5 fit (H200: 51.3 -> 47.5 us at B32 ctx32k). At next_n 2 any cap spills.
 MAXNREG = {1: 96}
-# The kernel before the keys x q^T work (fp8 q x K^T): the choice on other GPUs.
-QK_FP8 = dict(kq=False, operand="fp8", hsum="reshape", block_t=64, num_warps=4, num_stages=3,
-              programs=2048, min_tiles=2)
-PORTABLE = dict(CONFIG, operand="f16bits", num_stages=1, programs=64, min_tiles=1)  # interpreter
-KEYS = {"plain": 0, "prefetch": 1, "ahead": 2, "tma": 3, "tma2": 4}
-OPTIONAL = dict(keys="plain", maxnreg=None)   # launch options with a default, settable in CONFIG too
-# (maxnreg: a cap on registers per thread on NVIDIA, for more resident warps; an int, None or "auto")
+
+
+def _sm(plat) -> int:
+    """NVIDIA compute capability as 80, 90, ...; 0 for other ISAs (gfx..., none)."""
+    cap = plat.capability or ""
+    return int(cap[3:]) if cap.startswith("sm_") else 0
+
+
+def launch_config_kq(plat: platform.Platform, fnuz: bool = False, block_size: int | None = None) -> dict:
+    """Launch choices of the keys x q^T kernel on `plat` (block_size: the cache's, if known, which
+    decides whether tiles lie in one block). Compiled NVIDIA: fp16 upcast where the device converts
+    the format, else the integer decode; TMA keys on sm_90+, else the table entry ahead; a register cap.
+    (ISA-level choices -- fp8 conversion, TMA, register caps -- follow the capability, so a platform
+    simulated on another vendor's GPU still compiles.)"""
+    interp = plat.triton_mode != "compiled"
+    nvidia = plat.name == "cuda" and not interp
+    exact_cast = platform.fp8_hardware(plat.capability) and not (fnuz and _sm(plat))
+    cfg = dict(form="kq", block_t=64, num_warps=4, num_stages=3, programs=1056, min_tiles=4,
+               operand="f16" if exact_cast and not interp else "f16bits",
+               keys="tma" if interp or (nvidia and _sm(plat) >= 90) else "ahead",
+               maxnreg="auto" if nvidia and _sm(plat) else None)
+    if interp:   # a few programs of one tile each: small grids stay cheap to interpret
+        cfg.update(num_stages=1, programs=64, min_tiles=1)
+    return _route_keys(cfg, block_size)
+
+
+def _route_keys(cfg: dict, block_size: int | None) -> dict:
+    """"ahead" / "tma" need a tile inside one cache block; else "plain" (one table entry per token)."""
+    if block_size is not None and cfg["keys"] != "plain" and block_size % cfg["block_t"]:
+        cfg = dict(cfg, keys="plain")
+    return cfg
+
+
+def launch_config(plat: platform.Platform, fnuz: bool = False, block_size: int | None = None) -> dict:
+    """Launch choices of the portable q x K^T kernel on `plat`: fp8 MMA on ROCm GPUs with fp8
+    hardware, exact fp16 upcast on other fp8 GPUs (NVIDIA: e4m3fn only), the integer decode elsewhere."""
+    interp = plat.triton_mode != "compiled"
+    fp8_hw = platform.fp8_hardware(plat.capability) and not interp
+    if fp8_hw and plat.name == "rocm" and not _sm(plat):
+        operand = "fp8"
+    elif fp8_hw and not (fnuz and _sm(plat)):
+        operand = "f16"
+    else:
+        operand = "f16bits"
+    cfg = dict(form="qk", block_t=64, num_warps=4, num_stages=3, programs=2048, min_tiles=2,
+               operand=operand, keys="plain", maxnreg=None)
+    if interp:
+        cfg.update(num_stages=1, programs=64, min_tiles=1)
+    return cfg
 
 
 @triton.jit
@@ -97,39 +106,33 @@ def _upcast(byte, FNUZ: tl.constexpr, OPERAND: tl.constexpr, DOT_F32: tl.constex
             x = x.to(tl.float32)
     elif DOT_F32:
         x = as_fp8(byte, FNUZ).to(tl.float32)
-    elif OPERAND == 0 or OPERAND == 4:
+    elif OPERAND == 0:
         x = as_fp8(byte, FNUZ)
-    elif OPERAND == 1:
-        x = as_fp8(byte, FNUZ).to(tl.bfloat16)
     else:
         x = as_fp8(byte, FNUZ).to(tl.float16)
     return x
 
 
 @triton.jit
-def _dot(a, b, DOT_F32: tl.constexpr, OPERAND: tl.constexpr):
+def _dot(a, b, DOT_F32: tl.constexpr):
     if DOT_F32:
         acc = tl.dot(a, b, input_precision="ieee")
-    elif OPERAND == 4:   # fp8 MMA, partial sums promoted to fp32 every 32 products along K (sm90)
-        acc = tl.dot(a, b, max_num_imprecise_acc=32)
     else:
         acc = tl.dot(a, b)
     return acc
 
 
 @triton.jit
-def _head_sum(s, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr, HSUM_MASK: tl.constexpr):
-    """s [BLOCK_T, NQP * HP] (column = query i * HP + head) -> [BLOCK_T, NQP]."""
+def _head_sum(s, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr):
+    """s [BLOCK_T, NQP * HP] (column = query i * HP + head) -> [BLOCK_T, NQP], NQP full-width sums."""
     if NQP == 1:
         acc = tl.sum(s, 1)[:, None]
-    elif HSUM_MASK:  # NQP full-width sums, no reshape (which may convert layouts through SMEM)
+    else:
         col = tl.arange(0, NQP * HP)[None, :] // HP
         qn = tl.arange(0, NQP)[None, :]
         acc = tl.zeros((BLOCK_T, NQP), tl.float32)
         for i in tl.static_range(NQP):
             acc = tl.where(qn == i, tl.sum(tl.where(col == i, s, 0.0), 1)[:, None], acc)
-    else:
-        acc = tl.sum(tl.reshape(s, (BLOCK_T, NQP, HP)), 2)
     return acc
 
 
@@ -141,15 +144,13 @@ def _load_tile(kv_ptr, kvs_ptr, bt_row, t0, ctx, block_size, blk_bytes, blk_word
     tvalid = t < ctx
     d = tl.arange(0, 128)
     if ONE_BLOCK:   # the tile lies in one cache block: one table load, contiguous runs
-        blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0).to(tl.int64)  # prefetch: past ctx
+        blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0).to(tl.int64)
         off = t0 % block_size + tl.arange(0, BLOCK_T)
-        base = blk * blk_bytes + off * 128
-        ks = tl.load(kvs_ptr + blk * blk_words + block_size * 32 + off, mask=tvalid, other=0.0)
     else:
         blk = tl.load(bt_row + t // block_size, mask=tvalid, other=0).to(tl.int64)
         off = t % block_size
-        base = blk * blk_bytes + off * 128
-        ks = tl.load(kvs_ptr + blk * blk_words + block_size * 32 + off, mask=tvalid, other=0.0)
+    base = blk * blk_bytes + off * 128
+    ks = tl.load(kvs_ptr + blk * blk_words + block_size * 32 + off, mask=tvalid, other=0.0)
     if KQ:
         kb = tl.load(kv_ptr + base[:, None] + d[None, :], mask=tvalid[:, None], other=0)
     else:
@@ -160,24 +161,24 @@ def _load_tile(kv_ptr, kvs_ptr, bt_row, t0, ctx, block_size, blk_bytes, blk_word
 @triton.jit
 def _tile_out(kb, ks, q, w, t, ctx, q_pos, out_q, qmask, max_len, FNUZ: tl.constexpr, NQP: tl.constexpr,
               HP: tl.constexpr, BLOCK_T: tl.constexpr, KQ: tl.constexpr, OPERAND: tl.constexpr,
-              DOT_F32: tl.constexpr, HSUM_MASK: tl.constexpr):
+              DOT_F32: tl.constexpr):
     """One tile: codes kb (as _load_tile), scales ks [BLOCK_T] (times kscale) -> logits stored at tokens t."""
     k = _upcast(kb, FNUZ, OPERAND, DOT_F32)
     if KQ:
-        s = _dot(k, q, DOT_F32, OPERAND)                                # [BLOCK_T, ROWS] fp32
+        s = _dot(k, q, DOT_F32)                                        # [BLOCK_T, ROWS] fp32
         s = tl.maximum(s, 0.0) * w[None, :]
-        acc = _head_sum(s, NQP, HP, BLOCK_T, HSUM_MASK) * ks[:, None]     # [BLOCK_T, NQP]
+        acc = _head_sum(s, NQP, HP, BLOCK_T) * ks[:, None]             # [BLOCK_T, NQP]
         valid = (t < ctx)[:, None] & (t[:, None] <= q_pos[None, :])
         tl.store(out_q[None, :] + t[:, None], tl.where(valid, acc, float("-inf")),
                  mask=qmask[None, :] & (t < max_len)[:, None])
     else:
-        s = _dot(q, k, DOT_F32, OPERAND)                                # [ROWS, BLOCK_T] fp32
+        s = _dot(q, k, DOT_F32)                                        # [ROWS, BLOCK_T] fp32
         s = tl.maximum(s, 0.0) * w[:, None]
         if NQP == 1:
             acc = tl.sum(s, 0)[None, :]
         else:
             acc = tl.sum(tl.reshape(s, (NQP, HP, BLOCK_T)), 1)
-        acc = acc * ks[None, :]                                # [NQP, BLOCK_T]
+        acc = acc * ks[None, :]                                        # [NQP, BLOCK_T]
         valid = (t < ctx)[None, :] & (t[None, :] <= q_pos[:, None])
         tl.store(out_q[:, None] + t[None, :], tl.where(valid, acc, float("-inf")),
                  mask=qmask[:, None] & (t < max_len)[None, :])
@@ -188,7 +189,7 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
                    H, next_n, max_len, s_bt, s_out, block_size, blk_bytes, blk_words, tiles_per_prog,
                    kscale, FNUZ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr,
                    ONE_BLOCK: tl.constexpr, KQ: tl.constexpr, OPERAND: tl.constexpr,
-                   DOT_F32: tl.constexpr, HSUM_MASK: tl.constexpr, KEYS: tl.constexpr):
+                   DOT_F32: tl.constexpr, KEYS: tl.constexpr):
     b = tl.program_id(0)
     ctx = tl.load(ctx_ptr + b)
     rows = tl.arange(0, NQP * HP)                                  # row = query i * HP + head h
@@ -197,7 +198,7 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
     rmask = (qi < next_n) & (h < H)
     qrow = ((b * next_n + qi) * H + h).to(tl.int64)
     d = tl.arange(0, 128)
-    if KQ:   # q^T [128, ROWS], loaded and upcast once per program
+    if KQ:   # q^T [128, ROWS]
         q = _upcast(tl.load(q_ptr + qrow[None, :] * 128 + d[:, None], mask=rmask[None, :], other=0),
                     FNUZ, OPERAND, DOT_F32)
     else:    # q [ROWS, 128]
@@ -215,104 +216,77 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
     end = tl.minimum(start + tiles_per_prog, n_tiles)
     busy_end = tl.maximum(tl.minimum(end, tl.cdiv(ctx, BLOCK_T)), start)
     i = tl.arange(0, BLOCK_T)
-    if KEYS == 1:    # registers double-buffered: tile + 1 is loading while tile computes
-        kb_n, ks_n = _load_tile(kv_ptr, kvs_ptr, bt_row, start * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
-                                BLOCK_T, ONE_BLOCK, KQ)
-        for tile in range(start, busy_end):
-            kb, ks = kb_n, ks_n
-            kb_n, ks_n = _load_tile(kv_ptr, kvs_ptr, bt_row, (tile + 1) * BLOCK_T, ctx, block_size, blk_bytes,
-                                    blk_words, BLOCK_T, ONE_BLOCK, KQ)
-            _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, ctx, q_pos, out_q, qmask, max_len,
-                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
-    elif KEYS >= 2:  # ONE_BLOCK: the table entry loaded one tile ahead (a loop-carried scalar)
+    if KEYS >= 1:    # KQ and ONE_BLOCK: the table entry loaded one tile ahead (a loop-carried scalar)
         t0 = start * BLOCK_T
         blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0)
-        if KEYS == 4:
+        if KEYS == 2:
             ks_n = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + t0 % block_size + i,
                            mask=t0 + i < ctx, other=0.0)
         for tile in range(start, busy_end):
             t0 = tile * BLOCK_T
             blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
             off = t0 % block_size
-            if KEYS == 4:    # scales of this tile were loaded last iteration; load the next tile's
+            if KEYS == 2:    # scales of this tile were loaded last iteration; load the next tile's
                 ks = ks_n
                 t1 = t0 + BLOCK_T
                 ks_n = tl.load(kvs_ptr + blk_n.to(tl.int64) * blk_words + block_size * 32 + t1 % block_size + i,
                                mask=t1 + i < ctx, other=0.0)
+                # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
+                kb = tl.reshape(kdesc.load([blk, off, 0]), (BLOCK_T, 128))
             else:
                 ks = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + off + i,
                              mask=t0 + i < ctx, other=0.0)
-            if KEYS >= 3:    # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
-                kb = tl.reshape(kdesc.load([blk, off, 0]), (BLOCK_T, 128))
-            else:
                 kb = tl.load(kv_ptr + blk.to(tl.int64) * blk_bytes + (off + i)[:, None] * 128 + d[None, :],
                              mask=(t0 + i < ctx)[:, None], other=0)
-            if not KQ:
-                kb = tl.trans(kb)                                  # [128, BLOCK_T]
             _tile_out(kb, ks * kscale, q, w, t0 + i, ctx, q_pos, out_q, qmask, max_len,
-                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
+                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32)
             blk = blk_n
     else:
         for tile in range(start, busy_end):
             kb, ks = _load_tile(kv_ptr, kvs_ptr, bt_row, tile * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
                                 BLOCK_T, ONE_BLOCK, KQ)
             _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, ctx, q_pos, out_q, qmask, max_len,
-                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32, HSUM_MASK)
+                      FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32)
     for tile in range(busy_end, end):                              # past the context: -inf only
         t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
         tl.store(out_q[:, None] + t[None, :], tl.full((NQP, BLOCK_T), float("-inf"), tl.float32),
                  mask=qmask[:, None] & (t < max_len)[None, :])
 
 
-def _defaults(device: torch.device, fnuz: bool) -> dict:
-    """Launch choices for `device`: PORTABLE under the interpreter, CONFIG on NVIDIA, QK_FP8 elsewhere,
-    with the integer fp8 decode ("f16bits") where the device has no conversion for the format:
-    no fp8 at all (sm_80, gfx90a, XPU: Triton refuses, or LLVM cannot lower, the casts) or
-    e4m3fnuz on NVIDIA."""
-    if platform.interpreting():
-        return PORTABLE
-    nvidia = triton_utils.nvidia(device)
-    cfg = CONFIG if nvidia else QK_FP8
-    if not triton_utils.fp8_hardware() or (fnuz and nvidia):
-        cfg = dict(cfg, operand="f16bits")
-    return cfg
-
-
-def _key_loads(keys: str, kv: torch.Tensor, block_size: int, block_t: int):
-    """-> (KEYS code the device can run, TMA descriptor or None); routing as in the docstring."""
-    if keys in ("ahead", "tma", "tma2") and block_size % block_t:
-        return KEYS["plain"], None          # a tile spans cache blocks: one table entry per token
-    if keys in ("tma", "tma2"):
-        interp = platform.interpreting()
-        hopper = triton_utils.nvidia(kv.device) and triton_utils.sm() >= 90
-        if (interp or hopper) and block_size % 4 == 0 and kv.data_ptr() % 16 == 0:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            return KEYS[keys], TensorDescriptor(kv, [kv.shape[0], block_size, 128],
-                                                [kv.stride(0), 128, 1], [1, block_t, 128])
-        return KEYS["ahead"], None
-    return KEYS[keys], None
-
-
 def fp8_paged_mqa_logits_triton(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len):
-    return launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len)
+    return launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len, form="qk")
 
 
-def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len, **config):
-    """The op, with launch choices (keys of CONFIG) overridable for bench/logits_sweep.py."""
+def fp8_paged_mqa_logits_triton_kq(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len):
+    return launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len, form="kq")
+
+
+def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len, form="kq", **config):
+    """The op by the `form` kernel ("kq" or "qk"); `config` overrides its launch_config (bench sweeps)."""
     B, next_n, H, D = q_fp8.shape
     require(q_fp8.is_contiguous(), OP_LOGITS, "q_fp8 must be contiguous")
     require(weights.is_contiguous(), OP_LOGITS, "weights must be contiguous")
     require(block_tables.stride(1) == 1, OP_LOGITS, "block_tables must be contiguous along its rows")
-    interp = platform.interpreting()
+    require(form in ("kq", "qk"), OP_LOGITS, f"form must be 'kq' or 'qk', got {form!r}")
+    plat = platform.current()
     fnuz = _fp8.DTYPE_FORMAT[q_fp8.dtype] == "e4m3fnuz"
-    cfg = {**OPTIONAL, **_defaults(q_fp8.device, fnuz), **config}
-    known = set(CONFIG) | set(OPTIONAL)
-    require(set(cfg) == known, OP_LOGITS, f"unknown launch options {sorted(set(cfg) - known)}")
-    require(cfg["keys"] in KEYS, OP_LOGITS, f"keys must be one of {sorted(KEYS)}, got {cfg['keys']!r}")
-    operand = OPERANDS[cfg["operand"]]
     kv = cache_blocks(kv_cache)
     block_size = kv.shape[1] // TOKEN_BYTES
-    require(not (fnuz and triton_utils.nvidia(q_fp8.device) and operand != 3), OP_LOGITS,
+    table = launch_config_kq if form == "kq" else launch_config
+    base = table(plat, fnuz)
+    unknown = sorted(set(config) - set(base))
+    require(not unknown, OP_LOGITS, f"unknown launch options {unknown}")
+    cfg = {**base, **config}
+    require(cfg["keys"] in KEYS, OP_LOGITS, f"keys must be one of {sorted(KEYS)}, got {cfg['keys']!r}")
+    require(cfg["operand"] in OPERANDS, OP_LOGITS,
+            f"operand must be one of {sorted(OPERANDS)}, got {cfg['operand']!r}")
+    require(cfg["keys"] == "plain" or form == "kq", OP_LOGITS,
+            f"keys {cfg['keys']!r} needs the keys x q^T form (form 'kq')")
+    cfg = _route_keys(cfg, block_size)
+    operand = OPERANDS[cfg["operand"]]
+    interp = plat.triton_mode != "compiled"
+    nvidia = plat.name == "cuda" and not interp
+    require(not (fnuz and _sm(plat) and operand != 3), OP_LOGITS,
             f"operand {cfg['operand']!r}: NVIDIA GPUs have no e4m3fnuz conversion (use 'f16bits')")
     out = alloc.empty((B * next_n, max_context_len), torch.float32, q_fp8.device)
     if B == 0:
@@ -326,13 +300,19 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
     kscale = float(2 ** (2 * (15 - (8 if fnuz else 7)))) if operand == 3 else 1.0
     extra = {} if interp else dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     maxnreg = MAXNREG.get(nqp) if cfg["maxnreg"] == "auto" else cfg["maxnreg"]
-    if maxnreg and triton_utils.nvidia(q_fp8.device):
+    if maxnreg and nvidia and _sm(plat):
         extra["maxnreg"] = maxnreg
-    keys, kdesc = _key_loads(cfg["keys"], kv, block_size, bt)
+    kdesc = None
+    if cfg["keys"] == "tma":   # TMA needs a 16-byte aligned base (strides are: block_size % 16 == 0)
+        if kv.data_ptr() % 16:
+            cfg["keys"] = "ahead"
+        else:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            kdesc = TensorDescriptor(kv, [kv.shape[0], block_size, 128], [kv.stride(0), 128, 1], [1, bt, 128])
     _logits_kernel[(B, triton.cdiv(n_tiles, tiles_per_prog))](
         q_fp8.view(torch.uint8), kv, kv.view(torch.float32), weights, context_lens, block_tables, out, kdesc,
         H, next_n, max_context_len, block_tables.stride(0), out.stride(0), block_size, kv.shape[1],
         kv.shape[1] // 4, tiles_per_prog, kscale, FNUZ=fnuz, NQP=nqp, HP=hp, BLOCK_T=bt,
-        ONE_BLOCK=block_size % bt == 0, KQ=bool(cfg["kq"]), OPERAND=operand, DOT_F32=interp,
-        HSUM_MASK=cfg["hsum"] == "mask", KEYS=keys, **extra)
+        ONE_BLOCK=block_size % bt == 0, KQ=form == "kq", OPERAND=operand, DOT_F32=interp,
+        KEYS=KEYS[cfg["keys"]], **extra)
     return out

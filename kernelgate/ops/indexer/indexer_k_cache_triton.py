@@ -6,13 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import triton_utils
+from ... import platform
 from ...checks import require
 from ..common import fp8 as _fp8
+from .indexer_q_triton import _quant
 from .k_cache import cache_blocks
 
 OP_STORE = "indexer_k_quant_and_cache"
-from .indexer_q_triton import _quant
 
 BLOCK_T = 16
 
@@ -37,6 +37,14 @@ def _k_store_kernel(k_ptr, slot_ptr, kv_ptr, kvs_ptr, T, s_k, block_size, blk_by
     tl.store(kvs_ptr + blk * (blk_bytes // 4) + block_size * 32 + off, scale, mask=keep)
 
 
+def launch_config(plat: platform.Platform, fp8_format: str = "e4m3fn") -> dict:
+    """As the q kernel on NVIDIA GPUs: x * (1 / scale) (within one code of x / scale, the parity bound)
+    and the hardware e4m3fn encode where the device has one; elsewhere (and under the interpreter) the
+    exact division and the integer encoder."""
+    nvidia = plat.name == "cuda" and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_")
+    return dict(fast_div=nvidia, hw_encode=nvidia and fp8_format == "e4m3fn" and platform.fp8_hardware(plat.capability))
+
+
 def indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):
     require(k.stride(-1) == 1, OP_STORE, f"k must be contiguous in its last dim, got strides {k.stride()}")
     T = k.shape[0]
@@ -44,12 +52,10 @@ def indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, block_size, fp8_
         return None
     kv = cache_blocks(kv_cache)
     _, fmax = _fp8.FORMATS[fp8_format]
-    # as the q kernel on NVIDIA GPUs: x * (1 / scale) (within one code of x / scale, the parity bound) and
-    # the hardware e4m3fn encode where there is one; elsewhere the exact division and integer encoder
-    fast = triton_utils.nvidia(k.device)
+    cfg = launch_config(platform.current(), fp8_format)
     _k_store_kernel[(triton.cdiv(T, BLOCK_T),)](
         k, slot_mapping, kv, kv.view(torch.float32), T, k.stride(0), block_size, kv.shape[1], fmax,
         FNUZ=fp8_format == "e4m3fnuz", BLOCK_T=BLOCK_T, num_warps=4,
-        HW=fast and fp8_format == "e4m3fn" and triton_utils.fp8_hardware(), FAST_DIV=fast)
+        HW=cfg["hw_encode"], FAST_DIV=cfg["fast_div"])
     return None
 

@@ -148,7 +148,15 @@ def bench_cases():
 fused_q_indexer_rope_hadamard_quant = declare(
     OP, indexer_q_native, validate=validate, cases=cases, bench_cases=bench_cases, compare=compare)
 
+# Two kernels: the token-major one with the Hadamard on two lanes (the NVIDIA winner, 0.75 of the
+# byte floor on the H200 for v4) and the row-major portable one (bf16x3 MMA Hadamard), which every
+# Triton backend runs. Launch choices per platform: each kernel file's launch_config().
+fused_q_indexer_rope_hadamard_quant.implementation(
+    "triton_tok", ".indexer_q_tok_triton:indexer_q_tok_triton", provider="triton", platforms=("cuda",),
+    requires=("triton",), priority=20,
+    doc="token-major: per-token RoPE freqs, H4 across quarters x (H16 in a thread, H2 across two lanes), "
+        "no MMA; hardware e4m3fn cast on fp8 GPUs")
 fused_q_indexer_rope_hadamard_quant.implementation(
     "triton", ".indexer_q_triton:indexer_q_triton", provider="triton", platforms=GPU_TRITON,
     requires=("triton",), priority=10,
-    doc="one launch: RoPE, 4-point butterfly + 32-point Hadamard by tl.dot, amax, fp8 encode")
+    doc="row-major: RoPE, 4-point butterfly + 32-point Hadamard as three bf16 parts by tl.dot, integer fp8 encode")

@@ -1,43 +1,102 @@
-"""Triton kernel: indexer query prep, token-major form (one program = TOK tokens x HB heads).
+"""Triton kernel (NVIDIA): indexer query prep, token-major, with the Hadamard on two lanes (no MMA).
 
-Same op and arithmetic as indexer_q.py (see its docstring for HMODE and the fp8 encoders); what
-changes is the split of the work, to cut what the row-major kernel spends besides bytes:
-- rows r = t * HB + h of TOK tokens x HB heads (HB = next power of two >= H, masked; at least 16
-  rows so tl.dot compiles), so the RoPE cos/sin are loaded once per token -- a [1, n] vector when
-  TOK = 1, broadcast over the heads -- instead of a gathered [R, 32] pointer tile per row.
-- PIECES = 4 ([R, 32] quarters, H128 = H4 (x) H32) or 8 ([R, 16] eighths, H128 = H8 (x) H16): the
-  butterfly across pieces is elementwise (no data movement), the within-piece part is the HMODE
-  form on W = 128 / PIECES columns; eighths halve the MMA work (8 x 16^2 vs 4 x 32^2 per row).
-  PIECES = 16 ([R, 8] sixteenths, H16 (x) H8) uses no MMA: a piece is one 16-byte bf16 vector
-  per thread, so the 8-point butterfly inside it should stay in registers (HMODE is ignored).
-  (A whole-row [R, 128] x [128, 128] dot is 4x the quarters' MMA work -- 3xTF32 at T4096 x H64
-  is ~26 GFLOP, ~50 us of tensor-core peak -- so there is no whole-row form.)
-HMODE "lanes" / "lanes2" (PIECES = 4; no MMA): Triton (3.6, sm_90) lays a [R, 32] quarter out as
-16 columns (32 bytes of bf16 in, 16 bytes of codes out) per thread and two threads per row, so
-its codes store as one whole 32-byte sector per row and instruction -- ncu on the H200 showed the
-one-row-per-thread tree form writing half sectors (its 16-byte stores are 16 of a row's 128 code
-bytes), L2 at 75-80 % of its throughput with DRAM at 37 %. H32 = H2 (x) H16 on that layout: H16
-on a thread's 16 columns by the split tree of indexer_q_tree.py (register renames), H2 across
-the row's two threads as a sum over a size-2 axis (one shuffle + add: s = x0 + x1 in both lanes),
-the upper lane then taking x0 - x1 as s - 2 x1 ("lanes": one fma; s's rounding, at most half an
-ulp of s, carries into the difference) or as its own sum of (x0, -x1) ("lanes2": a second shuffle,
-the difference rounded once as in a plain butterfly). 1/sqrt(128) is folded into 1/scale.
-RoPE: v4 rotates interleaved pairs inside the upper pieces (view [R, W/2, 2] and split: the pair
-is in one thread's registers); v3.2 pairs (i, 32 + i) are the same lane of two pieces (quarters
-0/1, or eighths 0/2 and 1/3), so they need no data movement either.
+Same op and arithmetic as indexer_q_triton.py (fp32 throughout, the same `_quant`); what changes is
+the split of the work, to cut what the row-major kernel spends besides bytes:
+- one program = TOK tokens x HB heads (HB = next power of two >= H up to 128, masked; TOK grows
+  so that a program has >= 16 rows), rows r = t * HB + h. The RoPE cos/sin are loaded once per
+  token -- a [1, n] vector when TOK = 1, broadcast over the heads -- not gathered per row.
+- a row is four [R, 32] quarters. H128 = H4 (x) H32: the butterfly across quarters is elementwise.
+  Triton lays a [R, 32] quarter out as 16 columns per thread and two threads per row (32 bytes of
+  bf16 in, one whole 32-byte sector of codes out per row and instruction), so H32 = H2 (x) H16 on
+  that layout: H16 on a thread's 16 columns by a split tree (split / join / reshape of a dimension
+  held in one thread are register renames), H2 across the row's two threads as a sum over a size-2
+  axis (one shuffle + add: s = x0 + x1 in both lanes, the upper lane then takes x0 - x1 as
+  s - 2 x1: one fma, s's rounding carries into the difference, within the op's compare bound).
+  1/sqrt(128) is folded into 1/scale (amax scaled by it: rounding is monotonic).
+- RoPE: v4 rotates interleaved pairs inside quarters 2 and 3 (view [R, 16, 2] and split: the pair
+  is in one thread's registers); v3.2 pairs (i, 32 + i) are the same lane of quarters 0 and 1.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from ... import triton_utils
-from ...checks import require
-from .indexer_q_triton import OP
-from .indexer_q_triton import _h32, _had32, _quant, _rope_pair
-from .indexer_q_tree_triton import _wht16
+from ... import alloc, platform
+from ..common import fp8 as _fp8
+from .indexer_q_triton import _quant, _rope_pair, check_args
 
-NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128), applied after the transform as the reference does
+NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128)
+MAXNREG_V4 = 80   # registers per thread for v4 on NVIDIA: 6 programs per SM on the H200 (96: 5)
+
+
+def launch_config(plat: platform.Platform, variant: str = "v4", fp8_format: str = "e4m3fn") -> dict:
+    """The token-major kernel's launch choices on `plat`. Compiled NVIDIA: the hardware e4m3fn cast
+    where the device has fp8 conversion, one token per program, and a register cap for v4. Elsewhere
+    (the interpreter, or forced onto another backend): the integer encoder, no cap. (The cast and the cap are NVIDIA ISA
+    features: they follow the capability, so cuda simulated on another vendor's GPU still compiles.)"""
+    nvidia = plat.name == "cuda" and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_")
+    hw = nvidia and fp8_format == "e4m3fn" and platform.fp8_hardware(plat.capability)
+    # tok None: ~1024 rows per program (the interpreter pays per program and operation, not per element)
+    return dict(form="tok", tok=1 if plat.triton_mode == "compiled" else None, num_warps=4, hw_encode=hw,
+                maxnreg=MAXNREG_V4 if nvidia and variant == "v4" else None)
+
+
+@triton.jit
+def _bf(a, b):
+    return a + b, a - b
+
+
+@triton.jit
+def _halves(x, R: tl.constexpr, W: tl.constexpr):
+    """[R, W] -> even, odd columns [R, W // 2]."""
+    return tl.split(tl.reshape(x, (R, W // 2, 2)))
+
+
+@triton.jit
+def _interleave(e, o, R: tl.constexpr, W: tl.constexpr):
+    """even, odd columns [R, W // 2] -> [R, W] (inverse of _halves)."""
+    return tl.reshape(tl.join(e, o), (R, W))
+
+
+@triton.jit
+def _wht2(x, R: tl.constexpr):
+    a, b = tl.split(x)                                              # x [R, 2]
+    a, b = _bf(a, b)
+    return tl.join(a, b)
+
+
+@triton.jit
+def _wht4(x, R: tl.constexpr):
+    e, o = _halves(x, R, 4)
+    e, o = _bf(e, o)
+    return _interleave(_wht2(e, R), _wht2(o, R), R, 4)
+
+
+@triton.jit
+def _wht8(x, R: tl.constexpr):
+    e, o = _halves(x, R, 8)
+    e, o = _bf(e, o)
+    return _interleave(_wht4(e, R), _wht4(o, R), R, 8)
+
+
+@triton.jit
+def _wht16(x, R: tl.constexpr):
+    """Natural-order 16-point transform of x [R, 16] by the split tree: the butterfly on bit 0 pairs
+    the even and odd columns, whose halves then take the 8-point transform on bits 1.."""
+    e, o = _halves(x, R, 16)
+    e, o = _bf(e, o)
+    return _interleave(_wht8(e, R), _wht8(o, R), R, 16)
+
+
+@triton.jit
+def _lanes32(v, R: tl.constexpr):
+    """v [R, 32] times the natural-order 32-point Hadamard: H16 on columns 16l .. 16l + 15 (one
+    thread's registers), then H2 across l (the row's two threads): (x0 + x1, s - 2 x1)."""
+    x = tl.reshape(_wht16(tl.reshape(v, (R * 2, 16)), R * 2), (R, 2, 16))
+    j = tl.arange(0, 2)[None, :, None]
+    s = tl.expand_dims(tl.sum(x, 1), 1)
+    return tl.reshape(s - (2 * j).to(tl.float32) * x, (R, 32))
 
 
 @triton.jit
@@ -53,27 +112,22 @@ def _freqs(f_ptr, pos, FIRST: tl.constexpr, N: tl.constexpr, TOK: tl.constexpr, 
 
 
 @triton.jit
-def _rope_il(x, c, s, R: tl.constexpr, W: tl.constexpr):
-    """x [R, W] = W/2 interleaved pairs rotated by c, s (broadcastable to [R, W/2])."""
-    a, b = tl.split(tl.reshape(x, (R, W // 2, 2)))
+def _rope_il(x, c, s, R: tl.constexpr):
+    """x [R, 32] = 16 interleaved pairs rotated by c, s (broadcastable to [R, 16])."""
+    a, b = _halves(x, R, 32)
     a, b = _rope_pair(a, b, c, s)
-    return tl.reshape(tl.join(a, b), (R, W))
+    return _interleave(a, b, R, 32)
 
 
 @triton.jit
-def _ld(base, K: tl.constexpr, W: tl.constexpr, m2):
-    return tl.load(base + K * W + tl.arange(0, W)[None, :], mask=m2, other=0.0).to(tl.float32)
+def _ld(base, K: tl.constexpr, m2):
+    return tl.load(base + K * 32 + tl.arange(0, 32)[None, :], mask=m2, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _st(out, K: tl.constexpr, W: tl.constexpr, x, inv, sc, fmax, m2,
-        FNUZ: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.constexpr):
-    tl.store(out + K * W + tl.arange(0, W)[None, :], _quant(x, inv, sc, fmax, FNUZ, HW, FAST_DIV), mask=m2)
-
-
-@triton.jit
-def _h2(a, b):
-    return a + b, a - b
+def _st(out, K: tl.constexpr, x, inv, sc, fmax, m2, FNUZ: tl.constexpr, HW: tl.constexpr):
+    """Quarter K's codes, as x * inv (within an fp32 ulp of x / scale: rarely one code off)."""
+    tl.store(out + K * 32 + tl.arange(0, 32)[None, :], _quant(x, inv, sc, fmax, FNUZ, HW, True), mask=m2)
 
 
 @triton.jit
@@ -82,262 +136,12 @@ def _amax(x):
 
 
 @triton.jit
-def _lane_stage(x, EXACT: tl.constexpr):
-    """Radix-2 stage over axis 1 (size 2) of x [R, 2, W]: (x0 + x1, x0 - x1) along it."""
-    j = tl.arange(0, 2)[None, :, None]
-    s = tl.expand_dims(tl.sum(x, 1), 1)
-    if EXACT:
-        d = tl.expand_dims(tl.sum(tl.where(j == 0, x, -x), 1), 1)
-        y = tl.where(j == 0, s, d)
-    else:
-        y = s - (2 * j).to(tl.float32) * x          # the upper half: s - 2 x1
-    return y
-
-
-@triton.jit
-def _lanes32(v, R: tl.constexpr, EXACT: tl.constexpr):
-    """v [R, 32] times the natural-order 32-point Hadamard: H16 on columns 16l .. 16l + 15 (one
-    thread's registers) by the split tree, then H2 across l (the row's two threads)."""
-    x = tl.reshape(_wht16(tl.reshape(v, (R * 2, 16)), R * 2), (R, 2, 16))
-    return tl.reshape(_lane_stage(x, EXACT), (R, 32))
-
-
-@triton.jit
-def _rope4(x, f_ptr, pos, FIRST: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
-    c, s = _freqs(f_ptr, pos, FIRST, 4, TOK, HB)
-    return _rope_il(x, c, s, TOK * HB, 8)
-
-
-@triton.jit
-def _h8(x0, x1, x2, x3, x4, x5, x6, x7, R: tl.constexpr):
-    """H8 across eight [R, 8] pieces (elementwise), then the in-piece 8-point butterfly."""
-    x0, x4 = _h2(x0, x4)
-    x1, x5 = _h2(x1, x5)
-    x2, x6 = _h2(x2, x6)
-    x3, x7 = _h2(x3, x7)
-    x0, x2 = _h2(x0, x2)
-    x1, x3 = _h2(x1, x3)
-    x4, x6 = _h2(x4, x6)
-    x5, x7 = _h2(x5, x7)
-    x0, x1 = _h2(x0, x1)
-    x2, x3 = _h2(x2, x3)
-    x4, x5 = _h2(x4, x5)
-    x6, x7 = _h2(x6, x7)
-    return (_had32(x0, x0, R, 3, "ieee", True, 8) * NORM, _had32(x1, x1, R, 3, "ieee", True, 8) * NORM,
-            _had32(x2, x2, R, 3, "ieee", True, 8) * NORM, _had32(x3, x3, R, 3, "ieee", True, 8) * NORM,
-            _had32(x4, x4, R, 3, "ieee", True, 8) * NORM, _had32(x5, x5, R, 3, "ieee", True, 8) * NORM,
-            _had32(x6, x6, R, 3, "ieee", True, 8) * NORM, _had32(x7, x7, R, 3, "ieee", True, 8) * NORM)
-
-
-@triton.jit
-def _body4(base, out, m2, f_ptr, pos, h_ptr, fmax, V4: tl.constexpr, HADAMARD: tl.constexpr,
-           FNUZ: tl.constexpr, PREC: tl.constexpr, HMODE: tl.constexpr, DOT_F32: tl.constexpr,
-           HW: tl.constexpr, FAST_DIV: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
-    R: tl.constexpr = TOK * HB
-    x0 = _ld(base, 0, 32, m2)
-    x1 = _ld(base, 1, 32, m2)
-    x2 = _ld(base, 2, 32, m2)
-    x3 = _ld(base, 3, 32, m2)
-    if V4:
-        c, s = _freqs(f_ptr, pos, 0, 16, TOK, HB)
-        x2 = _rope_il(x2, c, s, R, 32)
-        c, s = _freqs(f_ptr, pos, 16, 16, TOK, HB)
-        x3 = _rope_il(x3, c, s, R, 32)
-    else:
-        c, s = _freqs(f_ptr, pos, 0, 32, TOK, HB)
-        x0, x1 = _rope_pair(x0, x1, c, s)
-    if HADAMARD:
-        cols = tl.arange(0, 32)
-        hm = tl.load(h_ptr + cols[:, None] * 32 + cols[None, :])    # [32, 32] of +-1
-        x0, x2 = _h2(x0, x2)                                        # H4 across quarters
-        x1, x3 = _h2(x1, x3)
-        x0, x1 = _h2(x0, x1)
-        x2, x3 = _h2(x2, x3)
-        if HMODE >= 4:   # NORM is folded into the scale below
-            x0 = _lanes32(x0, R, HMODE == 5)
-            x1 = _lanes32(x1, R, HMODE == 5)
-            x2 = _lanes32(x2, R, HMODE == 5)
-            x3 = _lanes32(x3, R, HMODE == 5)
-        else:
-            x0 = _had32(x0, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-            x1 = _had32(x1, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-            x2 = _had32(x2, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-            x3 = _had32(x3, hm, R, HMODE, PREC, DOT_F32, 32) * NORM
-    amax = tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3)))
-    FOLD: tl.constexpr = HADAMARD and HMODE >= 4
-    if FOLD:   # rounding is monotonic: max |round(x * NORM)| = round(max |x| * NORM), the reference's amax
-        amax = amax * NORM
-    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
-    sc = scale[:, None]
-    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
-    if FOLD:
-        if FAST_DIV:   # x * (NORM / scale): one multiply per value
-            inv = inv * NORM
-        else:
-            x0 = x0 * NORM
-            x1 = x1 * NORM
-            x2 = x2 * NORM
-            x3 = x3 * NORM
-    _st(out, 0, 32, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 1, 32, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 2, 32, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 3, 32, x3, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    return scale
-
-
-@triton.jit
-def _body8(base, out, m2, f_ptr, pos, h_ptr, fmax, V4: tl.constexpr, HADAMARD: tl.constexpr,
-           FNUZ: tl.constexpr, PREC: tl.constexpr, HMODE: tl.constexpr, DOT_F32: tl.constexpr,
-           HW: tl.constexpr, FAST_DIV: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
-    R: tl.constexpr = TOK * HB
-    x0 = _ld(base, 0, 16, m2)
-    x1 = _ld(base, 1, 16, m2)
-    x2 = _ld(base, 2, 16, m2)
-    x3 = _ld(base, 3, 16, m2)
-    x4 = _ld(base, 4, 16, m2)
-    x5 = _ld(base, 5, 16, m2)
-    x6 = _ld(base, 6, 16, m2)
-    x7 = _ld(base, 7, 16, m2)
-    if V4:   # eighth 4 + k holds pairs 8k .. 8k + 7
-        c, s = _freqs(f_ptr, pos, 0, 8, TOK, HB)
-        x4 = _rope_il(x4, c, s, R, 16)
-        c, s = _freqs(f_ptr, pos, 8, 8, TOK, HB)
-        x5 = _rope_il(x5, c, s, R, 16)
-        c, s = _freqs(f_ptr, pos, 16, 8, TOK, HB)
-        x6 = _rope_il(x6, c, s, R, 16)
-        c, s = _freqs(f_ptr, pos, 24, 8, TOK, HB)
-        x7 = _rope_il(x7, c, s, R, 16)
-    else:    # pair i < 16: eighths 0 / 2; pair 16 + i: eighths 1 / 3
-        c, s = _freqs(f_ptr, pos, 0, 16, TOK, HB)
-        x0, x2 = _rope_pair(x0, x2, c, s)
-        c, s = _freqs(f_ptr, pos, 16, 16, TOK, HB)
-        x1, x3 = _rope_pair(x1, x3, c, s)
-    if HADAMARD:
-        cols = tl.arange(0, 16)
-        hm = tl.load(h_ptr + cols[:, None] * 16 + cols[None, :])    # [16, 16] of +-1
-        x0, x4 = _h2(x0, x4)                                        # H8 across eighths: bit 2
-        x1, x5 = _h2(x1, x5)
-        x2, x6 = _h2(x2, x6)
-        x3, x7 = _h2(x3, x7)
-        x0, x2 = _h2(x0, x2)                                        # bit 1
-        x1, x3 = _h2(x1, x3)
-        x4, x6 = _h2(x4, x6)
-        x5, x7 = _h2(x5, x7)
-        x0, x1 = _h2(x0, x1)                                        # bit 0
-        x2, x3 = _h2(x2, x3)
-        x4, x5 = _h2(x4, x5)
-        x6, x7 = _h2(x6, x7)
-        x0 = _had32(x0, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x1 = _had32(x1, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x2 = _had32(x2, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x3 = _had32(x3, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x4 = _had32(x4, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x5 = _had32(x5, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x6 = _had32(x6, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-        x7 = _had32(x7, hm, R, HMODE, PREC, DOT_F32, 16) * NORM
-    amax = tl.maximum(tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3))),
-                      tl.maximum(tl.maximum(_amax(x4), _amax(x5)), tl.maximum(_amax(x6), _amax(x7))))
-    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
-    sc = scale[:, None]
-    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
-    _st(out, 0, 16, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 1, 16, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 2, 16, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 3, 16, x3, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 4, 16, x4, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 5, 16, x5, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 6, 16, x6, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 7, 16, x7, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    return scale
-
-
-@triton.jit
-def _body16(base, out, m2, f_ptr, pos, fmax, V4: tl.constexpr, HADAMARD: tl.constexpr,
-            FNUZ: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
-    """Sixteenths [R, 8]: one 16-byte vector of bf16 per row and thread, so the 8-point butterfly
-    inside a piece can stay in registers and H16 across pieces is elementwise: no MMA at all."""
-    R: tl.constexpr = TOK * HB
-    x0 = _ld(base, 0, 8, m2)
-    x1 = _ld(base, 1, 8, m2)
-    x2 = _ld(base, 2, 8, m2)
-    x3 = _ld(base, 3, 8, m2)
-    x4 = _ld(base, 4, 8, m2)
-    x5 = _ld(base, 5, 8, m2)
-    x6 = _ld(base, 6, 8, m2)
-    x7 = _ld(base, 7, 8, m2)
-    x8 = _ld(base, 8, 8, m2)
-    x9 = _ld(base, 9, 8, m2)
-    xa = _ld(base, 10, 8, m2)
-    xb = _ld(base, 11, 8, m2)
-    xc = _ld(base, 12, 8, m2)
-    xd = _ld(base, 13, 8, m2)
-    xe = _ld(base, 14, 8, m2)
-    xf = _ld(base, 15, 8, m2)
-    if V4:   # piece 8 + k holds pairs 4k .. 4k + 3
-        x8 = _rope4(x8, f_ptr, pos, 0, TOK, HB)
-        x9 = _rope4(x9, f_ptr, pos, 4, TOK, HB)
-        xa = _rope4(xa, f_ptr, pos, 8, TOK, HB)
-        xb = _rope4(xb, f_ptr, pos, 12, TOK, HB)
-        xc = _rope4(xc, f_ptr, pos, 16, TOK, HB)
-        xd = _rope4(xd, f_ptr, pos, 20, TOK, HB)
-        xe = _rope4(xe, f_ptr, pos, 24, TOK, HB)
-        xf = _rope4(xf, f_ptr, pos, 28, TOK, HB)
-    else:    # pair 8k + i: pieces k / 4 + k
-        c, s = _freqs(f_ptr, pos, 0, 8, TOK, HB)
-        x0, x4 = _rope_pair(x0, x4, c, s)
-        c, s = _freqs(f_ptr, pos, 8, 8, TOK, HB)
-        x1, x5 = _rope_pair(x1, x5, c, s)
-        c, s = _freqs(f_ptr, pos, 16, 8, TOK, HB)
-        x2, x6 = _rope_pair(x2, x6, c, s)
-        c, s = _freqs(f_ptr, pos, 24, 8, TOK, HB)
-        x3, x7 = _rope_pair(x3, x7, c, s)
-    if HADAMARD:   # H16 across pieces (bits 3..0 of the piece index), then H8 inside each
-        x0, x8 = _h2(x0, x8)
-        x1, x9 = _h2(x1, x9)
-        x2, xa = _h2(x2, xa)
-        x3, xb = _h2(x3, xb)
-        x4, xc = _h2(x4, xc)
-        x5, xd = _h2(x5, xd)
-        x6, xe = _h2(x6, xe)
-        x7, xf = _h2(x7, xf)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _h8(x0, x1, x2, x3, x4, x5, x6, x7, R)
-        x8, x9, xa, xb, xc, xd, xe, xf = _h8(x8, x9, xa, xb, xc, xd, xe, xf, R)
-    amax = tl.maximum(tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3))),
-                      tl.maximum(tl.maximum(_amax(x4), _amax(x5)), tl.maximum(_amax(x6), _amax(x7))))
-    amax = tl.maximum(amax, tl.maximum(tl.maximum(tl.maximum(_amax(x8), _amax(x9)),
-                                                  tl.maximum(_amax(xa), _amax(xb))),
-                                       tl.maximum(tl.maximum(_amax(xc), _amax(xd)),
-                                                  tl.maximum(_amax(xe), _amax(xf)))))
-    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
-    sc = scale[:, None]
-    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
-    _st(out, 0, 8, x0, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 1, 8, x1, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 2, 8, x2, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 3, 8, x3, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 4, 8, x4, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 5, 8, x5, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 6, 8, x6, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 7, 8, x7, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 8, 8, x8, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 9, 8, x9, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 10, 8, xa, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 11, 8, xb, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 12, 8, xc, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 13, 8, xd, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 14, 8, xe, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    _st(out, 15, 8, xf, inv, sc, fmax, m2, FNUZ, HW, FAST_DIV)
-    return scale
-
-
-@triton.jit
-def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
+def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
                           B, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
                           V4: tl.constexpr, HADAMARD: tl.constexpr, FNUZ: tl.constexpr,
-                          PREC: tl.constexpr, HMODE: tl.constexpr, DOT_F32: tl.constexpr,
-                          HW_ENCODE: tl.constexpr, FAST_DIV: tl.constexpr,
-                          TOK: tl.constexpr, HB: tl.constexpr, PIECES: tl.constexpr):
-    r = tl.arange(0, TOK * HB)                                      # [R], r = t * HB + h
+                          HW_ENCODE: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
+    R: tl.constexpr = TOK * HB
+    r = tl.arange(0, R)                                             # [R], r = t * HB + h
     toks = tl.program_id(0) * TOK + tl.arange(0, TOK)               # [TOK]
     tok = tl.program_id(0) * TOK + r // HB
     head = tl.program_id(1) * HB + r % HB
@@ -346,34 +150,70 @@ def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
     base = (q_ptr + tok.to(tl.int64) * s_qb + head * s_qh)[:, None]
     out = (qo_ptr + (tok.to(tl.int64) * H + head) * 128)[:, None]
     pos = tl.load(pos_ptr + toks, mask=toks < B, other=0).to(tl.int64)
-    if PIECES == 16:
-        scale = _body16(base, out, m2, f_ptr, pos, fmax, V4, HADAMARD, FNUZ, HW_ENCODE, FAST_DIV, TOK, HB)
-    elif PIECES == 4:
-        scale = _body4(base, out, m2, f_ptr, pos, h_ptr, fmax, V4, HADAMARD, FNUZ, PREC, HMODE, DOT_F32,
-                       HW_ENCODE, FAST_DIV, TOK, HB)
+    x0 = _ld(base, 0, m2)
+    x1 = _ld(base, 1, m2)
+    x2 = _ld(base, 2, m2)
+    x3 = _ld(base, 3, m2)
+    if V4:
+        c, s = _freqs(f_ptr, pos, 0, 16, TOK, HB)
+        x2 = _rope_il(x2, c, s, R)
+        c, s = _freqs(f_ptr, pos, 16, 16, TOK, HB)
+        x3 = _rope_il(x3, c, s, R)
     else:
-        scale = _body8(base, out, m2, f_ptr, pos, h_ptr, fmax, V4, HADAMARD, FNUZ, PREC, HMODE, DOT_F32,
-                       HW_ENCODE, FAST_DIV, TOK, HB)
+        c, s = _freqs(f_ptr, pos, 0, 32, TOK, HB)
+        x0, x1 = _rope_pair(x0, x1, c, s)
+    if HADAMARD:   # H4 across quarters, then H32 inside each; NORM is folded into the scale below
+        x0, x2 = _bf(x0, x2)
+        x1, x3 = _bf(x1, x3)
+        x0, x1 = _bf(x0, x1)
+        x2, x3 = _bf(x2, x3)
+        x0 = _lanes32(x0, R)
+        x1 = _lanes32(x1, R)
+        x2 = _lanes32(x2, R)
+        x3 = _lanes32(x3, R)
+    amax = tl.maximum(tl.maximum(_amax(x0), _amax(x1)), tl.maximum(_amax(x2), _amax(x3)))
+    if HADAMARD:   # max |round(x * NORM)| = round(max |x| * NORM): the reference's amax
+        amax = amax * NORM
+    scale = tl.maximum(amax, 1e-4) / fmax                           # [R]
+    sc = scale[:, None]
+    inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
+    if HADAMARD:   # x * (NORM / scale): one multiply per value
+        inv = inv * NORM
+    _st(out, 0, x0, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
+    _st(out, 1, x1, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
+    _st(out, 2, x2, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
+    _st(out, 3, x3, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
     w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=rmask, other=0.0).to(tl.float32)
     tl.store(wo_ptr + tok * H + head, w * weight_scale * scale, mask=rmask)
 
 
-def launch_tok(q, weight, weight_scale, freqs_real, positions, q_u8, w_out, fmax, meta,
-               tok=1, pieces=4, heads=128, num_warps=4, maxnreg=None):
-    """Grid: (token blocks, head blocks). tok and the head block are rounded to powers of two and
-    grown to >= 16 rows per program (tl.dot's minimum). maxnreg (NVIDIA only): a cap on registers
-    per thread, for more resident warps (lanes at 96 -> 80 registers: 5 -> 6 programs per SM on the
-    H200, 35.4 -> 32.5 us; 72 spills and is slower). A grid-stride loop over token blocks with
-    Triton's cp.async pipelining (2-3 stages, 3-6 programs per SM) measured 37-44 us: not kept."""
-    require(pieces == 4 or meta["HMODE"] < 4, OP, f"tok form: hmode lanes / lanes2 need pieces=4, got {pieces}")
-    B, H, _ = q.shape
-    hb = min(triton.next_power_of_2(H), heads)
-    tok = triton.next_power_of_2(max(tok, triton.cdiv(16, hb)))
-    grid = (triton.cdiv(B, tok), triton.cdiv(H, hb))
-    extra = {"num_warps": num_warps} if num_warps else {}
-    if maxnreg and triton_utils.nvidia(q.device):
-        extra["maxnreg"] = maxnreg
-    _indexer_q_tok_kernel[grid](
-        q, weight, freqs_real, positions, _h32(q.device, 128 // pieces), q_u8, w_out,
+def indexer_q_tok_triton(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn",
+                         hadamard=None):
+    return launch(q, weight, weight_scale, freqs_cis, positions, variant, fp8_format, hadamard)
+
+
+def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn", hadamard=None,
+           **config):
+    """The op; `config` overrides launch_config's choices (tok, num_warps, maxnreg, hw_encode)
+    for bench sweeps. Grid: (token blocks, head blocks)."""
+    B, H, D = q.shape
+    check_args(q, freqs_cis)
+    plat = platform.current()
+    cfg = {**launch_config(plat, variant, fp8_format), **config}
+    dtype, fmax = _fp8.FORMATS[fp8_format]
+    q_fp8 = alloc.empty((B, H, D), dtype, q.device)
+    w_out = alloc.empty((B, H, 1), torch.float32, q.device)
+    if B * H == 0:
+        return q_fp8, w_out
+    hb = min(triton.next_power_of_2(H), 128)
+    tok = triton.next_power_of_2(max(cfg["tok"] or 1024 // hb, triton.cdiv(16, hb)))
+    extra = {"num_warps": cfg["num_warps"]} if cfg["num_warps"] else {}
+    if cfg["maxnreg"] and plat.triton_mode == "compiled" and (plat.capability or "").startswith("sm_"):
+        extra["maxnreg"] = cfg["maxnreg"]
+    _indexer_q_tok_kernel[(triton.cdiv(B, tok), triton.cdiv(H, hb))](
+        q, weight, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8), w_out,
         B, H, q.stride(0), q.stride(1), weight.stride(0), weight.stride(1), float(weight_scale), fmax,
-        **meta, TOK=tok, HB=hb, PIECES=pieces, **extra)
+        V4=variant == "v4", HADAMARD=(variant == "v4") if hadamard is None else hadamard,
+        FNUZ=fp8_format == "e4m3fnuz", HW_ENCODE=bool(cfg["hw_encode"]),
+        TOK=tok, HB=hb, **extra)
+    return q_fp8, w_out

@@ -188,6 +188,8 @@ def cases():
         _case(33, 64, 32, 8, 4, ids="invalid"),
         _case(17, 64, 48, 4, 2, limit=0.5),
         _case(0, 64, 32, 4, 2),
+        _case(9, 64, 48, 8, 4, ids="invalid"),          # decode sizes: the GEMV path
+        _case(16, 96, 80, 16, 2, limit=0.5),
     ]
 
 
@@ -207,7 +209,7 @@ def bench_cases():
             gen = torch.Generator(device=device).manual_seed(0)
             return make_inputs(T, 2304, 1024, 256, 8, dtype, device, gen)
         return f
-    return [Case(f"kimi-T{T}", make(T), dtypes=(torch.bfloat16,), bytes=_bytes) for T in (1, 64, 512)]
+    return [Case(f"kimi-T{T}", make(T), dtypes=(torch.bfloat16,), bytes=_bytes) for T in (1, 4, 16, 64, 512)]
 
 
 fused_experts = declare(OP, fused_experts_native, validate=validate, check_values=check_values, cases=cases,
@@ -223,3 +225,17 @@ fused_experts.implementation(
     "triton", ".fused_experts_triton:fused_experts_triton", provider="triton",
     platforms=GPU_TRITON, dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",),
     priority=10, doc="portable Triton grouped GEMM: expert-sorted pairs, gate_up+SwiGLU, down+weight, sum over k")
+
+
+def _gemv_supports(x, *args, **kwargs):
+    from .fused_experts_gemv_triton import MAX_TOKENS
+    if x.shape[0] > MAX_TOKENS:
+        return f"T={x.shape[0]} tokens: the GEMV path is for decode batches of at most {MAX_TOKENS}"
+    return None
+
+
+fused_experts.implementation(
+    "triton_gemv", ".fused_experts_gemv_triton:fused_experts_gemv", provider="triton",
+    platforms=GPU_TRITON, dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",),
+    supports=_gemv_supports, priority=20,
+    doc="portable Triton GEMV for decode (T <= 16): each pair streams its expert's rows once, SwiGLU fused")

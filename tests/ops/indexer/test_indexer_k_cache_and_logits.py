@@ -16,7 +16,7 @@ E4M3 = torch.float8_e4m3fn
 _impl = poisoned_impl
 
 
-@pytest.fixture(params=["native", "triton"])
+@pytest.fixture(params=["native", "triton_kq", "triton"])
 def logits(request):
     return _impl(LOGITS, request.param)
 
@@ -217,3 +217,21 @@ def test_store_bad_input(over, match):
     with pytest.raises(KernelgateError, match=match) as e:
         registry.get(STORE)(**a)
     assert STORE in str(e.value)
+
+
+@pytest.mark.parametrize("name,cap,mode,want", [
+    ("cuda", "sm_90", "compiled", (True, True)),      # x * (1 / scale) and the hardware e4m3fn cast
+    ("cuda", "sm_80", "compiled", (True, False)),     # no fp8 conversion before sm_89
+    ("rocm", "gfx942", "compiled", (False, False)),   # exact division and the integer encoder
+    ("xpu", None, "compiled", (False, False)),
+    ("cuda", None, "interpreter", (False, False)),
+], ids=["cuda-sm_90", "cuda-sm_80", "rocm-gfx942", "xpu", "cuda-interpreter"])
+def test_store_launch_table(name, cap, mode, want):
+    import dataclasses
+
+    from kernelgate import platform
+    kc = pytest.importorskip("kernelgate.ops.indexer.indexer_k_cache_triton")
+    plat = dataclasses.replace(platform.current(), name=name, capability=cap, triton=None, triton_mode=mode)
+    cfg = kc.launch_config(plat, "e4m3fn")
+    assert (cfg["fast_div"], cfg["hw_encode"]) == want
+    assert kc.launch_config(plat, "e4m3fnuz")["hw_encode"] is False

@@ -1,6 +1,11 @@
-"""Triton kernel: indexer query prep, "split tree" form (no permutes, no MMA).
+"""Sweep-only variant (bench/variants, not dispatched): indexer query prep, "split tree" form.
 
-Same op and arithmetic as indexer_q.py (fp32 throughout, the same _quant / fp8 encoders); what
+The op fused_q_indexer_rope_hadamard_quant with no permutes and no MMA, one row per thread.
+Measured on the H200 (T4096 x H64 v4): 51.0 us at 4 pieces, 0.48 of the byte floor; ncu showed it
+L2-bound on half-sector code stores (16 of a row's 128 bytes per thread and instruction), which the
+package's token-major "lanes" kernel (32.5 us) avoids. Kept runnable for bench/indexer_sweep.py.
+
+Same arithmetic as kernelgate/ops/indexer/indexer_q_triton.py (fp32 throughout, the same _quant / fp8 encoders); what
 changes is how the 128-point Walsh-Hadamard transform is laid out, so that no value has to move
 between threads (the other forms spend their time in layout conversions, not in FLOPs):
 - a row (one (token, head)) is loaded as P pieces of W = 128 / P contiguous bf16 (P = 8, 4, 2:
@@ -23,12 +28,14 @@ between threads (the other forms spend their time in layout conversions, not in 
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from ...checks import require
-from .indexer_q_triton import OP
-from .indexer_q_triton import _quant, _rope_pair
+from kernelgate import alloc
+from kernelgate.checks import require
+from kernelgate.ops.common import fp8 as _fp8
+from kernelgate.ops.indexer.indexer_q_triton import OP, _quant, _rope_pair, check_args
 
 PIECES = (8, 4, 2)
 
@@ -402,13 +409,30 @@ def _indexer_q_tree_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
     tl.store(wo_ptr + tok * H + head, w * weight_scale * scale, mask=rmask)
 
 
+def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn", hadamard=None,
+           tok=1, pieces=8, heads=128, freq=0, num_warps=4, hw_encode=False, fast_div=False):
+    """The op by the split-tree kernel (hw_encode: the e4m3fn hardware cast, NVIDIA sm_89+ only)."""
+    check_args(q, freqs_cis)
+    B, H, D = q.shape
+    dtype, fmax = _fp8.FORMATS[fp8_format]
+    q_fp8 = alloc.empty((B, H, D), dtype, q.device)
+    w_out = alloc.empty((B, H, 1), torch.float32, q.device)
+    meta = dict(V4=variant == "v4", HADAMARD=(variant == "v4") if hadamard is None else hadamard,
+                FNUZ=fp8_format == "e4m3fnuz", HW_ENCODE=hw_encode and fp8_format == "e4m3fn",
+                FAST_DIV=fast_div)
+    if B * H:
+        launch_tree(q, weight, weight_scale, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8),
+                    w_out, fmax, meta, tok=tok, pieces=pieces, heads=heads, freq=freq, num_warps=num_warps)
+    return q_fp8, w_out
+
+
 def launch_tree(q, weight, weight_scale, freqs_real, positions, q_u8, w_out, fmax, meta,
                 tok=1, pieces=8, heads=128, freq=0, num_warps=4):
     """Grid: (token blocks, head blocks); a program is tok tokens x the next power of two >= H heads
     (at most `heads`), so R = tok * that many rows. R = 32 * num_warps is one row per thread: compiled
     for sm_90 (Triton 3.6 / 3.9) then 1-4 layout conversions, none of them of a piece; with R = 64 at
     4 warps a piece's columns straddle two threads and Triton 3.9 inserts ~190 conversions.
-    meta: the constexprs launch() derives (V4, HADAMARD, FNUZ, HW_ENCODE, FAST_DIV; others ignored)."""
+    meta: the constexprs launch() derives (V4, HADAMARD, FNUZ, HW_ENCODE, FAST_DIV)."""
     require(pieces in PIECES, OP, f"tree form: pieces must be one of {PIECES}, got {pieces}")
     require(freq in (0, 1, 2), OP, f"tree form: freq must be 0, 1 or 2, got {freq}")
     B, H, _ = q.shape

@@ -6,6 +6,8 @@ whose logits are hand-derivable from torch's own fp8 decoding.
 
 Codes are uniform random bytes (every exponent, fp8 subnormals included), not quantized
 Gaussians, so a decode that is wrong for part of the code space shows up."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,29 +22,21 @@ DEV = torch.device("cuda" if GPU else "cpu")
 if not GPU and not platform.interpreting():
     pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-VARIANTS = {   # id -> launch overrides
-    "kq-f16bits": dict(kq=True, operand="f16bits"),
-    "kq-f16bits-hmask": dict(kq=True, operand="f16bits", hsum="mask"),
-    "kq-f16": dict(kq=True, operand="f16"),
-    "kq-bf16": dict(kq=True, operand="bf16"),
-    "kq-f16bits-T16": dict(kq=True, operand="f16bits", block_t=16, min_tiles=3),   # 16 | block_size: one block
-    "kq-f16bits-T128": dict(kq=True, operand="f16bits", block_t=128, min_tiles=1),  # tiles span blocks
-    "qk-f16bits": dict(kq=False, operand="f16bits"),
-    "qk-fp8": dict(kq=False, operand="fp8"),                   # the fp8 MMA kernel (interpreter: exact)
-    "kq-fp8": dict(kq=True, operand="fp8"),
-    "kq-fp8promote": dict(kq=True, operand="fp8promote"),   # interpreter: same exact dot
+VARIANTS = {   # id -> launch overrides (form: "kq" keys x q^T, triton_kq; "qk" q x K^T, the portable triton)
+    "kq-f16bits": dict(form="kq", operand="f16bits"),          # keys "tma" where tiles lie in one block
+    "kq-f16": dict(form="kq", operand="f16"),
+    "kq-f16bits-T16": dict(form="kq", operand="f16bits", block_t=16, min_tiles=3),   # 16 | block_size: one block
+    "kq-f16bits-T128": dict(form="kq", operand="f16bits", block_t=128, min_tiles=1),  # tiles span blocks
     # key loads (BS16/32 cases with T64 tiles span blocks: "ahead"/"tma" run "plain" there, so T16 too)
-    "kq-f16bits-prefetch": dict(kq=True, operand="f16bits", keys="prefetch"),
-    "kq-f16bits-T16-prefetch": dict(kq=True, operand="f16bits", keys="prefetch", block_t=16, min_tiles=3),
-    "kq-f16bits-T16-ahead": dict(kq=True, operand="f16bits", keys="ahead", block_t=16, min_tiles=3),
-    "kq-f16bits-T16-tma": dict(kq=True, operand="f16bits", keys="tma", block_t=16, min_tiles=3),
-    "kq-f16bits-tma": dict(kq=True, operand="f16bits", keys="tma"),
-    "qk-f16bits-T16-tma": dict(kq=False, operand="f16bits", keys="tma", block_t=16, min_tiles=3),
-    "kq-f16bits-tma2": dict(kq=True, operand="f16bits", keys="tma2"),
-    "kq-f16bits-T16-tma2": dict(kq=True, operand="f16bits", keys="tma2", block_t=16, min_tiles=3),
-    "qk-f16bits-T16-tma2": dict(kq=False, operand="f16bits", keys="tma2", block_t=16, min_tiles=3),
+    "kq-f16bits-plain": dict(form="kq", operand="f16bits", keys="plain"),
+    "kq-f16bits-T16-ahead": dict(form="kq", operand="f16bits", keys="ahead", block_t=16, min_tiles=3),
+    "kq-f16bits-T16-tma": dict(form="kq", operand="f16bits", keys="tma", block_t=16, min_tiles=3),
+    "qk-f16bits": dict(form="qk", operand="f16bits"),
+    "qk-f16": dict(form="qk", operand="f16"),
+    "qk-fp8": dict(form="qk", operand="fp8"),                  # the fp8 MMA kernel (interpreter: exact)
+    "qk-f16bits-T16": dict(form="qk", operand="f16bits", block_t=16, min_tiles=3),
 }
-EXACT_ON_GPU = ("f16bits", "f16", "bf16")     # fp8 MMA accumulation misses 2e-4 on Hopper
+EXACT_ON_GPU = ("f16bits", "f16")     # fp8 MMA accumulation misses 2e-4 on Hopper
 
 
 def _variant(name, fmt):
@@ -132,7 +126,7 @@ def test_variant_matches_loop_reference_and_masks(name, case, fmt):
 
 
 @pytest.mark.parametrize("fmt", [E4M3, FNUZ], ids=["e4m3fn", "e4m3fnuz"])
-@pytest.mark.parametrize("name", ["kq-f16bits", "kq-f16", "qk-f16bits"])
+@pytest.mark.parametrize("name", ["kq-f16bits", "kq-f16", "qk-f16bits", "qk-fp8"])
 def test_every_code_decodes(name, fmt):
     # one sequence of 256 tokens, key t = code t in dim 0 (zeros elsewhere), scale 1; two heads
     # with q = (+1, -1) e0 and weights (1, 2): logit t = relu(k_t) + 2 relu(-k_t).
@@ -174,3 +168,75 @@ def test_unknown_key_load_mode_is_rejected():
         kl.launch(q.to(DEV), torch.zeros(1, 16 * 132, dtype=torch.uint8, device=DEV), torch.zeros(1, 4, device=DEV),
                   torch.ones(1, dtype=torch.int32, device=DEV), torch.zeros(1, 1, dtype=torch.int32, device=DEV), 1,
                   keys="bulk")
+
+
+def test_keys_need_the_kq_form():
+    from kernelgate import KernelgateError
+    q = torch.zeros(1, 1, 4, 128).to(E4M3)
+    with pytest.raises(KernelgateError, match="fp8_paged_mqa_logits.*keys 'tma' needs the keys x q\\^T form"):
+        kl.launch(q.to(DEV), torch.zeros(1, 64 * 132, dtype=torch.uint8, device=DEV), torch.zeros(1, 4, device=DEV),
+                  torch.ones(1, dtype=torch.int32, device=DEV), torch.zeros(1, 1, dtype=torch.int32, device=DEV), 1,
+                  form="qk", keys="tma")
+
+
+# -- launch tables on simulated platforms --------------------------------------------------
+PLATFORMS = {   # id -> (name, capability, Triton mode)
+    "cuda-sm_90": ("cuda", "sm_90", "compiled"),
+    "cuda-sm_80": ("cuda", "sm_80", "compiled"),
+    "rocm-gfx942": ("rocm", "gfx942", "compiled"),
+    "rocm-gfx90a": ("rocm", "gfx90a", "compiled"),
+    "xpu": ("xpu", None, "compiled"),
+    "cuda-interpreter": ("cuda", None, "interpreter"),
+}
+# keys x q^T (triton_kq): (operand e4m3fn, operand e4m3fnuz, keys at block_size 64, maxnreg, programs)
+KQ_TABLE = {
+    "cuda-sm_90": ("f16", "f16bits", "tma", "auto", 1056),     # no e4m3fnuz conversion on NVIDIA
+    "cuda-sm_80": ("f16bits", "f16bits", "ahead", "auto", 1056),  # no fp8 conversion, no TMA
+    "rocm-gfx942": ("f16", "f16", "ahead", None, 1056),         # (forced only: declared for cuda)
+    "rocm-gfx90a": ("f16bits", "f16bits", "ahead", None, 1056),
+    "xpu": ("f16bits", "f16bits", "ahead", None, 1056),
+    "cuda-interpreter": ("f16bits", "f16bits", "tma", None, 64),
+}
+# q x K^T (portable triton): (operand e4m3fn, operand e4m3fnuz)
+QK_TABLE = {
+    "cuda-sm_90": ("f16", "f16bits"),        # Hopper's fp8 MMA misses the 2e-4 bound: exact upcast
+    "cuda-sm_80": ("f16bits", "f16bits"),
+    "rocm-gfx942": ("fp8", "fp8"),
+    "rocm-gfx90a": ("f16bits", "f16bits"),   # LLVM cannot lower fp8 conversions for gfx90a
+    "xpu": ("f16bits", "f16bits"),
+    "cuda-interpreter": ("f16bits", "f16bits"),
+}
+
+
+def _plat(pid):
+    name, cap, mode = PLATFORMS[pid]
+    return dataclasses.replace(platform.current(), name=name, capability=cap, triton=None, triton_mode=mode)
+
+
+@pytest.mark.parametrize("pid", list(PLATFORMS))
+def test_launch_tables(pid):
+    p = _plat(pid)
+    fn, fnuz, keys, maxnreg, programs = KQ_TABLE[pid]
+    cfg = kl.launch_config_kq(p, False, 64)
+    assert (cfg["operand"], kl.launch_config_kq(p, True, 64)["operand"]) == (fn, fnuz)
+    assert (cfg["keys"], cfg["maxnreg"], cfg["programs"]) == (keys, maxnreg, programs)
+    assert kl.launch_config_kq(p, False, 16)["keys"] == "plain"      # T64 tiles span 16-token blocks
+    qk = kl.launch_config(p, False, 64)
+    assert (qk["operand"], kl.launch_config(p, True, 64)["operand"]) == QK_TABLE[pid]
+    assert qk["keys"] == "plain" and qk["maxnreg"] is None
+
+
+@pytest.mark.parametrize("name,want", [("cuda", "triton_kq"), ("rocm", "triton"), ("xpu", "triton")])
+def test_dispatch_picks_and_runs(name, want):
+    from kernelgate import registry
+    op = registry.get("fp8_paged_mqa_logits")
+    case = op.cases()[1]
+    args, kw = case.make(DEV, E4M3, torch.Generator().manual_seed(5))
+    with platform.simulate(name):
+        chosen = [impl.name for impl, why in op.explain(args, kw) if why is None]
+        out = op(*args, **kw)
+    assert chosen[0] == want
+    ref = op.reference(*args, **kw)
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
+    fin = torch.isfinite(ref)
+    assert ((out[fin] - ref[fin]).abs().max() / ref[fin].abs().max()).item() < 2e-6

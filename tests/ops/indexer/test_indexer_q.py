@@ -15,7 +15,7 @@ FMAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
 DTYPE = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 
 
-@pytest.fixture(params=["native", "triton"])
+@pytest.fixture(params=["native", "triton_tok", "triton"])
 def run(request):
     return poisoned_impl(OP, request.param)
 

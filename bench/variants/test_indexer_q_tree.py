@@ -1,31 +1,47 @@
-"""The indexer q kernel's split-tree form (kernelgate.ops.indexer.indexer_q_tree_triton, launch(form="tree"))
-against the op's native reference with the op's own parity compare, and its 128-point Hadamard
+"""The sweep-only split-tree form of the indexer q kernel (bench/variants/indexer_q_tree.py) against the op's native reference with the op's own parity compare, and its 128-point Hadamard
 against hand-built one-hot cases (the Sylvester column, known exactly) for every piece width
 (8 pieces of 16, 4 of 32, 2 of 64).
 
 Runs on CPU under TRITON_INTERPRET=1 (portable arithmetic: the integer fp8 encoder), so the index
 arithmetic of every piece layout, cos/sin source (FREQ) and head mask is checked here; the GPU-only
-hardware cvt is checked by bench/indexer_sweep.py before timing."""
+hardware cvt is checked by bench/indexer_sweep.py before timing. Not part of CI (tests/ only):
+    TRITON_INTERPRET=1 python -m pytest -q bench/variants/test_indexer_q_tree.py"""
 import math
+import os
+import sys
 
 import pytest
 import torch
 
-from kernelgate import KernelgateError, platform
-from kernelgate.ops.indexer.indexer_q import precompute_freqs_cis
+from kernelgate import KernelgateError, alloc, platform
+from kernelgate.ops.common import fp8 as _fp8
+from kernelgate.ops.indexer.indexer_q import _case, compare, indexer_q_native, precompute_freqs_cis
 
-kq = pytest.importorskip("kernelgate.ops.indexer.indexer_q_triton")
-from test_indexer_q_variants import check_form  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+import indexer_q_tree as kq  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 
+def check_form(cfg, case):
+    """The tree launch against the native reference: the op's parity compare, and (fp32 arithmetic,
+    exact encoder) at least 99% of the fp8 codes identical."""
+    B, H, variant, fmt, had = case
+    args, kw = _case(B, H, variant, fmt, had).make("cpu", torch.bfloat16, torch.Generator().manual_seed(B * H))
+    ref = indexer_q_native(*args, **kw)
+    with alloc.poisoned():
+        out = kq.launch(*args, **kw, **cfg)
+    compare(out, ref, torch.bfloat16, args)
+    assert (_fp8.code_distance(out[0], ref[0]) == 0).float().mean() > 0.99
+
+
 FORMS = {   # id -> launch overrides
-    "p8-tok2-freq0": dict(form="tree", pieces=8, tok=2, freq=0),   # per-token cos/sin broadcast over 2 tokens
-    "p8-tok1-freq1-heads2": dict(form="tree", pieces=8, tok=1, freq=1, heads=2),  # several head blocks
-    "p4-tok1-freq2": dict(form="tree", pieces=4, tok=1, freq=2),
-    "p2-tok1-freq0": dict(form="tree", pieces=2, tok=1, freq=0),
-    "p2-tok2-freq2": dict(form="tree", pieces=2, tok=2, freq=2),
-    "p2-tok1-freq1-heads4": dict(form="tree", pieces=2, tok=1, freq=1, heads=4),
-    "p8-tok1-freq2-fastdiv": dict(form="tree", pieces=8, tok=1, freq=2, fast_div=True),  # NORM folded into 1/scale
+    "p8-tok2-freq0": dict(pieces=8, tok=2, freq=0),   # per-token cos/sin broadcast over 2 tokens
+    "p8-tok1-freq1-heads2": dict(pieces=8, tok=1, freq=1, heads=2),  # several head blocks
+    "p4-tok1-freq2": dict(pieces=4, tok=1, freq=2),
+    "p2-tok1-freq0": dict(pieces=2, tok=1, freq=0),
+    "p2-tok2-freq2": dict(pieces=2, tok=2, freq=2),
+    "p2-tok1-freq1-heads4": dict(pieces=2, tok=1, freq=1, heads=4),
+    "p8-tok1-freq2-fastdiv": dict(pieces=8, tok=1, freq=2, fast_div=True),  # NORM folded into 1/scale
 }
 CASES = [   # (tokens, heads, variant, fp8 format, hadamard)
     (3, 64, "v4", "e4m3fn", None),
@@ -59,7 +75,7 @@ def test_hadamard_one_hot(pieces, j):
     q[:, :, j] = 2.0
     weight = torch.ones(2, 5)
     q_fp8, w_out = kq.launch(q, weight, 1.0, precompute_freqs_cis(4), torch.zeros(2, dtype=torch.int32),
-                             variant="v4", form="tree", tok=1, pieces=pieces)
+                             variant="v4", tok=1, pieces=pieces)
     signs = torch.tensor([(-1.0) ** bin(i & j).count("1") for i in range(128)])
     assert torch.equal(q_fp8.float(), (448.0 * signs).expand(2, 5, 128))
     torch.testing.assert_close(w_out, torch.full((2, 5, 1), 2.0 / (math.sqrt(128) * 448.0)), rtol=1e-6, atol=0)
@@ -74,8 +90,7 @@ def test_rope_then_hadamard_one_pair(pieces):
     freqs[2, i] = complex(0.0, 1.0)
     q = torch.zeros(1, 3, 128)
     q[:, :, 64 + 2 * i] = 1.0
-    q_fp8, _ = kq.launch(q, torch.ones(1, 3), 1.0, freqs, torch.tensor([2]), variant="v4", form="tree",
-                         pieces=pieces)
+    q_fp8, _ = kq.launch(q, torch.ones(1, 3), 1.0, freqs, torch.tensor([2]), variant="v4", pieces=pieces)
     signs = torch.tensor([(-1.0) ** bin(k & (65 + 2 * i)).count("1") for k in range(128)])
     assert torch.equal(q_fp8.float(), (448.0 * signs).expand(1, 3, 128))
 
@@ -84,4 +99,4 @@ def test_bad_pieces_raises():
     q = torch.zeros(1, 2, 128)
     with pytest.raises(KernelgateError, match="pieces must be one of"):
         kq.launch(q, torch.ones(1, 2), 1.0, precompute_freqs_cis(4), torch.zeros(1, dtype=torch.int32),
-                  form="tree", pieces=16)
+                  pieces=16)

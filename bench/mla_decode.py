@@ -1,0 +1,169 @@
+"""MLA decode over the paged latent cache (issue 15). `PYTHONPATH=. python bench/mla_decode.py`
+
+GPU only. First checks every implementation against the native reference (odd lengths,
+next_n 1 and 2, B=1 at 32k), then times `mla_decode` through the registry at Kimi shapes
+(H=32, R=512, Dr=64, bf16 cache, block_size 64), ctx 32k / 128k, B = 1 / 8 / 64:
+eager µs, CUDA-graph µs (device time: the step is captured in the engine), GB/s and the
+fraction of the floor (each sequence's latent cache read once, plus q and o, at 4.2 TB/s).
+The native reference is timed at B <= 8 only (it loops over sequences on the host).
+
+  --sweep    also time the Triton kernel over launch choices (tile, warps, stages, MMA
+             orientation, table prefetch, programs) at B1 128k, B8 32k, B64 32k, calling the
+             kernel directly; prints the best per shape, to copy into CONFIGS / LOOP in
+             kernelgate/ops/mla/mla_decode_triton.py
+  --prefill  also check mla_prefill (sdpa) against native at a context longer than one piece
+             and time it for an 8k chunk after 24k / 120k of context
+Runs in about a minute on an H200 (--sweep adds about three: 28 launch choices x 3 shapes).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from kernelgate import forcing, registry
+from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
+from kernelgate.testing import rel_err
+
+FLOOR_GBS = 4200.0
+H, R, DR, BS = 32, 512, 64, 64
+CTXS, BATCHES = (32768, 131072), (1, 8, 64)
+CHECK_CTX = 32768
+SCALE = (128 + 64) ** -0.5
+
+
+def inputs(B, ctx, dev, next_n=1):
+    from kernelgate.ops.mla.mla_decode import bench_inputs
+    return bench_inputs(B, ctx, dev, torch.bfloat16, H, R, DR, BS, next_n)
+
+
+def decode_bytes(q, cache, seq):
+    # every sequence's latents once (bench lengths are equal), q read, o written
+    return int(seq.sum()) * cache.shape[2] * cache.element_size() + q.numel() * q.element_size() + \
+        q.shape[0] * H * R * q.element_size()
+
+
+def check(dev):
+    from kernelgate.ops.mla.mla_decode import make_inputs
+    op = registry.get("mla_decode")
+    impls = [n for n in op.impls if n != "native"]
+    g = torch.Generator().manual_seed(0)
+    probs = [(make_inputs([1000, 4097, 70, 0, 64], H, R, DR, BS, torch.bfloat16, g, next_n, dev), next_n)
+             for next_n in (1, 2)]
+    probs.append((inputs(1, CHECK_CTX, dev), 1))
+    for (q, cache, table, seq), next_n in probs:
+        ref, ref_lse = op.reference(q, cache, table, seq, SCALE, R, next_n=next_n, return_lse=True)
+        for name in impls:
+            with forcing({"mla_decode": name}):
+                o, lse = op(q, cache, table, seq, SCALE, R, next_n=next_n, return_lse=True)
+            fin = torch.isfinite(ref_lse)
+            e, el = rel_err(o, ref), rel_err(lse[fin], ref_lse[fin])
+            ok = e < 1e-2 and el < 1e-3 and torch.equal(torch.isfinite(lse), fin)
+            print(f"check {name:8s} N={table.shape[0]} next_n={next_n} lens={seq.tolist()[:5]}: "
+                  f"o rel err {e:.2e}, lse rel err {el:.2e} {'ok' if ok else 'FAIL'}")
+            assert ok, f"{name} disagrees with native"
+
+
+def timing(dev):
+    op = registry.get("mla_decode")
+    print("\n| B | ctx | impl | µs eager | µs graph | GB/s | of floor (4.2 TB/s) |\n|---:|---:|---|---:|---:|---:|---:|")
+    for ctx, B in itertools.product(CTXS, BATCHES):
+        q, cache, table, seq = inputs(B, ctx, dev)
+        nbytes = decode_bytes(q, cache, seq)
+        for name in op.impls:
+            if name == "native" and B > 8:
+                continue
+            with forcing({"mla_decode": name}):
+                fn = lambda: op(q, cache, table, seq, SCALE, R)  # noqa: E731
+                fn()
+                eager = time_ms(fn, dev) * 1e3
+                g = graph_us(fn, dev) if name != "native" else None
+            us = min(eager, g) if g else eager
+            gbs = nbytes / (us * 1e-6) / 1e9
+            print(f"| {B} | {ctx} | {name} | {eager:.1f} | {f'{g:.1f}' if g else '-'} | {gbs:.0f} | "
+                  f"{gbs / FLOOR_GBS:.2f} |")
+        del q, cache, table, seq
+        torch.cuda.empty_cache()
+
+
+SWEEP_SHAPES = ((1, 131072), (8, 32768), (64, 32768))
+
+
+def sweep(dev):
+    """Stage 1: loop shape x tile / warps / stages at the table's program count; stage 2: the best
+    of stage 1 at other program counts (B < 64)."""
+    from kernelgate.ops.mla import mla_decode_triton as T
+    base = T.config()
+    tiles = ((16, 4, 3), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 8, 3))
+    grid = [dict(block_n=bn, num_warps=w, num_stages=s, kv_major=km, ahead=ah)
+            for (bn, w, s), km, ah in itertools.product(tiles, (False, True), (True, False))]
+    print(f"\nsweep (base {base}); graph µs per call\n")
+    for B, ctx in SWEEP_SHAPES:
+        q, cache, table, seq = inputs(B, ctx, dev)
+        nbytes = decode_bytes(q, cache, seq)
+
+        def timed(c):
+            fn = lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=c)  # noqa: E731
+            try:
+                fn()
+                return graph_us(fn, dev, calls=10) or time_ms(fn, dev) * 1e3
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
+                print(f"  B{B} ctx{ctx} {c}: {type(e).__name__}: {str(e)[:80]}")
+                return None
+        rows = [(us, c) for c in ({**base, **g} for g in grid) if (us := timed(c)) is not None]
+        rows.sort(key=lambda r: r[0])
+        if rows and B < 64:
+            best = rows[0][1]
+            rows += [(us, c) for p in (132, 528, 1056) if p != best["programs"]
+                     for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
+            rows.sort(key=lambda r: r[0])
+        for us, c in rows[:4]:
+            keys = ("block_n", "num_warps", "num_stages", "kv_major", "ahead", "programs")
+            print(f"B{B} ctx{ctx}: {us:.1f} µs, {nbytes / (us * 1e-6) / 1e9 / FLOOR_GBS:.2f} of floor, "
+                  f"splits {T.num_splits(B, table.shape[1], BS, c)}: { {k: c[k] for k in keys} }")
+        del q, cache, table, seq
+        torch.cuda.empty_cache()
+
+
+def prefill(dev):
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    from kernelgate.ops.mla.mla_prefill import make_inputs
+    op = registry.get("mla_prefill")
+    Dn, Dv = 128, 128
+    g = torch.Generator().manual_seed(0)
+    saved = S.PIECE
+    S.PIECE = 4096   # several pieces at a context the native reference can still hold
+    try:
+        args = make_inputs([1000, 600], [9000, 600], H, R, DR, Dn, Dv, BS, torch.bfloat16, g, dev)
+        ref = op.reference(*args, SCALE, Dv)
+        with forcing({"mla_prefill": "sdpa"}):
+            e = rel_err(op(*args, SCALE, Dv), ref)
+        print(f"\ncheck mla_prefill sdpa (pieces of 4096, chunks 1000 / 600 after 8000 / 0): rel err {e:.2e}")
+        assert e < 2e-2
+    finally:
+        S.PIECE = saved
+    print("\n| prefill chunk | context after | ms | attention TFLOP/s (expanded form) |\n|---:|---:|---:|---:|")
+    for L in (32768, 131072):
+        n = 8192
+        args = make_inputs([n], [L], H, R, DR, Dn, Dv, BS, torch.bfloat16, g, dev)
+        with forcing({"mla_prefill": "sdpa"}):
+            ms = time_ms(lambda: op(*args, SCALE, Dv), dev)
+        flops = 2 * H * n * (L - n / 2) * (Dn + DR + Dv)
+        print(f"| {n} | {L} | {ms:.2f} | {flops / (ms * 1e-3) / 1e12:.0f} |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--prefill", action="store_true")
+    a = ap.parse_args()
+    assert torch.cuda.is_available(), "bench/mla_decode.py times GPU kernels (the CPU runs the parity tests)"
+    dev = torch.device("cuda")
+    print(f"copy bandwidth {copy_bandwidth(dev):.0f} GB/s (floor uses {FLOOR_GBS:.0f})")
+    check(dev)
+    timing(dev)
+    if a.sweep:
+        sweep(dev)
+    if a.prefill:
+        prefill(dev)

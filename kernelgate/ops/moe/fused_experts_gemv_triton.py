@@ -1,0 +1,117 @@
+"""Small-batch routed experts (decode, T <= 16): GEMV kernels, one (token, slot) pair per program row.
+
+At decode a token meets each routed expert once, so the work is weight streaming: the grouped
+GEMM (fused_experts_triton.py) pads every pair to a 16-row MMA block and sorts pairs first;
+here every program multiplies one pair's activation vector by a slice of its expert's weights
+with plain fp32 FMAs and never sorts:
+
+    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])   [P, I] fp32
+    _down_kernel     grid (P, D / BLOCK_O):  y[p, o] = w[t, j] * down[e][o, :] . h[p, :]    [P, D] fp32
+    _sum_k_kernel    (fused_experts_triton)  out[t] = sum_j y[t*k + j]                       [T, D] x dtype
+
+with p = t*k + j and e = ids[t, j]. Each program streams a [rows, BLOCK_K] tile per step (16 KB
+of bf16 at the default sizes) and keeps a 2-D fp32 accumulator, reduced once at the end; the
+gate and up rows of the same outputs are read by the same program, so SwiGLU needs no second
+pass. A pair whose id is outside [0, E) reads nothing and contributes zeros. Strides of every
+input are honoured (views are fine).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import alloc, platform
+from .fused_experts_triton import _sum_k_kernel
+
+MAX_TOKENS = 16
+# Launch choices per platform name (from platform.current(), so a simulated platform takes its own):
+# rows of outputs per program, reduction tile width, warps.
+LAUNCH = {
+    "default": dict(BLOCK_I=16, BLOCK_O=32, BLOCK_K=256, num_warps=4),
+    "rocm": dict(BLOCK_I=16, BLOCK_O=32, BLOCK_K=256, num_warps=4),   # 64-wide wavefronts: 4 = 256 lanes
+}
+
+
+def launch_config(plat) -> dict:
+    if platform.interpreting():   # the interpreter pays per program: few, wide ones
+        return dict(BLOCK_I=128, BLOCK_O=128, BLOCK_K=128, num_warps=4)
+    return LAUNCH.get(plat.name, LAUNCH["default"])
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, swr, swd, sit, sij, limit,
+                    HAS_LIMIT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+    p = tl.program_id(0)
+    t, j = p // TOPK, p % TOPK
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)                # [BLOCK_I]
+    i_ok = i < I
+    e = tl.load(ids_ptr + t.to(tl.int64) * sit + j * sij).to(tl.int64)
+    valid = (e >= 0) & (e < E)
+    acc_g = tl.zeros([BLOCK_I, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_I, BLOCK_K], dtype=tl.float32)
+    if valid:
+        w_g = w_ptr + e * swe + i[:, None].to(tl.int64) * swr               # gate rows [0, I)
+        w_u = w_g + I * swr                                                   # up rows [I, 2I)
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < D
+            xv = tl.load(x_ptr + t.to(tl.int64) * sxt + kk * sxd, mask=k_ok, other=0.0).to(tl.float32)
+            m = i_ok[:, None] & k_ok[None, :]
+            acc_g += tl.load(w_g + kk[None, :] * swd, mask=m, other=0.0).to(tl.float32) * xv[None, :]
+            acc_u += tl.load(w_u + kk[None, :] * swd, mask=m, other=0.0).to(tl.float32) * xv[None, :]
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    if HAS_LIMIT:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    h = g * tl.sigmoid(g) * u                                                 # zeros for an invalid id
+    tl.store(h_ptr + p.to(tl.int64) * I + i, h, mask=i_ok)
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe, swr, swi, sit, sij, stt, stj,
+                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr):
+    p = tl.program_id(0)
+    t, j = p // TOPK, p % TOPK
+    o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)                # [BLOCK_O] output columns
+    o_ok = o < D
+    e = tl.load(ids_ptr + t.to(tl.int64) * sit + j * sij).to(tl.int64)
+    valid = (e >= 0) & (e < E)
+    acc = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
+    if valid:
+        w_rows = w_ptr + e * swe + o[:, None].to(tl.int64) * swr
+        for k0 in range(0, I, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kk < I
+            hv = tl.load(h_ptr + p.to(tl.int64) * I + kk, mask=k_ok, other=0.0)
+            w = tl.load(w_rows + kk[None, :] * swi, mask=o_ok[:, None] & k_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * hv[None, :]
+    wt = tl.load(tw_ptr + t.to(tl.int64) * stt + j * stj)
+    y = tl.sum(acc, axis=1) * wt
+    tl.store(y_ptr + p.to(tl.int64) * D + o, y, mask=o_ok)
+
+
+def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None):
+    T, D = x.shape
+    E, I = w_down.shape[0], w_down.shape[2]
+    k = topk_ids.shape[1]
+    out = alloc.empty((T, D), x.dtype, x.device)
+    if T == 0:
+        return out
+    cfg = launch_config(platform.current())
+    P = T * k
+    h = alloc.empty((P, I), torch.float32, x.device)
+    y = alloc.empty((P, D), torch.float32, x.device)
+    warps = {"num_warps": cfg["num_warps"]}
+    _gate_up_kernel[(P, triton.cdiv(I, cfg["BLOCK_I"]))](
+        x, w_gate_up, topk_ids, h, D, I, E, k, *x.stride(), *w_gate_up.stride(), *topk_ids.stride(),
+        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        HAS_LIMIT=swiglu_limit is not None, BLOCK_I=cfg["BLOCK_I"], BLOCK_K=cfg["BLOCK_K"], **warps)
+    _down_kernel[(P, triton.cdiv(D, cfg["BLOCK_O"]))](
+        h, w_down, topk_ids, topk_weights, y, D, I, E, k, *w_down.stride(), *topk_ids.stride(),
+        *topk_weights.stride(), BLOCK_O=cfg["BLOCK_O"], BLOCK_K=cfg["BLOCK_K"], **warps)
+    ids = topk_ids.contiguous()                     # the sum kernel reads ids densely
+    block_d = min(1024, triton.next_power_of_2(D))
+    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, E, out.stride(0), k, BLOCK_D=block_d)
+    return out

@@ -1,0 +1,233 @@
+"""mla_decode against attention expanded per head in float64 (explicit W_uk / W_uv keys and
+values, the test's own paged layout), a hand-computed case, masking of everything a sequence
+does not own, and the argument checks. Every implementation that runs here: native, and the
+Triton kernel under TRITON_INTERPRET=1 with the launch choices of simulated CUDA and XPU."""
+import math
+import re
+
+import pytest
+import torch
+
+from kernelgate import KernelgateError, forcing, platform, registry
+from mla_refs import Problem, rel
+
+OP = "mla_decode"
+VARIANTS = [("native", None), ("triton", "cuda"), ("triton", "xpu")]
+BOUND = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def run(impl, plat, *args, **kwargs):
+    """Dispatch through the registry with `impl` forced, as if on `plat` (None: the real one)."""
+    op = registry.get(OP)
+    if impl not in op.impls:
+        pytest.skip(f"{OP}: no {impl} implementation registered")
+    why = op.impls[impl].unavailable(platform.current())
+    if why and plat is None:
+        pytest.skip(why)
+    with platform.simulate(plat or platform.current().name), forcing({OP: impl}):
+        if op.impls[impl].unavailable(platform.current()):
+            pytest.skip(op.impls[impl].unavailable(platform.current()))
+        return op(*args, **kwargs)
+
+
+def _ids(v):
+    return f"{v[0]}-{v[1]}" if v[1] else v[0]
+
+
+SHAPES = [  # lens, H, R, Dr, Dn, Dv, bs, next_n
+    pytest.param([1, 16, 17, 40], 4, 32, 16, 24, 20, 16, 1, id="N4-L1_16_17_40-H4-R32-Dr16-BS16"),
+    pytest.param([2, 33, 9], 3, 48, 8, 16, 16, 8, 2, id="N3-L2_33_9-H3-R48-Dr8-BS8-nn2"),
+    pytest.param([63, 0, 65], 5, 32, 16, 16, 32, 16, 1, id="N3-L63_0_65-H5-R32-Dr16-BS16-pad"),
+    pytest.param([3, 64], 32, 512, 64, 128, 128, 64, 1, id="N2-L3_64-H32-R512-Dr64-BS64-kimi"),
+]
+
+
+# (the interpreter's Python time per program is the CI cost: bf16 on simulated XPU is left out,
+# its launch on a CPU machine is the simulated CUDA one)
+VARIANT_DTYPES = [pytest.param(v, d, id=f"{_ids(v)}-{str(d)[6:]}") for v in VARIANTS
+                  for d in (torch.float32, torch.bfloat16) if not (v[1] == "xpu" and d == torch.bfloat16)]
+
+
+@pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
+@pytest.mark.parametrize("lens,H,R,Dr,Dn,Dv,bs,next_n", SHAPES)
+def test_matches_expanded_float64(variant, dtype, lens, H, R, Dr, Dn, Dv, bs, next_n):
+    pb = Problem(lens, [next_n] * len(lens), H, R, Dr, Dn, Dv, bs, dtype)
+    q = pb.absorbed_q(dtype)
+    o_lat, lse = run(*variant, q, pb.cache, pb.table, pb.seq_lens, pb.scale, R, next_n=next_n, return_lse=True)
+    assert o_lat.shape == (len(lens) * next_n, H, R) and o_lat.dtype == dtype
+    assert lse.shape == (len(lens) * next_n, H) and lse.dtype == torch.float32
+    o = torch.einsum("thr,hvr->thv", o_lat.double(), pb.w_uv)              # W_uv after attention
+    ref = pb.expanded()
+    assert rel(o, ref) < BOUND[dtype], rel(o, ref)
+    for i, L in enumerate(lens):
+        rows = slice(i * next_n, (i + 1) * next_n)
+        if L == 0:   # padding row: zeros and -inf, though its table row points at real blocks
+            assert torch.equal(o_lat[rows].float(), torch.zeros_like(o_lat[rows].float()))
+            assert torch.isneginf(lse[rows]).all()
+        else:
+            assert torch.isfinite(lse[rows]).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
+def test_lse_is_log_of_the_softmax_denominator(variant):
+    pb = Problem([5, 17], [1, 1], 2, 16, 16, 8, 8, 16, torch.float32)
+    q = pb.absorbed_q(torch.float32)
+    _, lse = run(*variant, q, pb.cache, pb.table, pb.seq_lens, pb.scale, 16, return_lse=True)
+    for i, L in enumerate(pb.lens):
+        s = q[i].double() @ pb.latents[i].T * pb.scale                        # [H, L]
+        assert torch.allclose(lse[i].double(), torch.logsumexp(s, dim=-1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
+def test_hand_computed(variant):
+    # one head, R = 2, Dr = 1, block_size 1, positions in physical blocks 5 and 2:
+    # q = (1, 0, 1), latents (0, 2 | 0) and (ln 3 - 1, 4 | 1): scores 0 and ln 3 -> p = (1/4, 3/4),
+    # o = (0.75 (ln 3 - 1), 3.5), lse = ln 4.
+    cache = torch.full((6, 1, 3), float("nan"))
+    cache[5, 0] = torch.tensor([0.0, 2.0, 0.0])
+    cache[2, 0] = torch.tensor([math.log(3) - 1, 4.0, 1.0])
+    q = torch.tensor([[[1.0, 0.0, 1.0]]])
+    o, lse = run(*variant, q, cache, torch.tensor([[5, 2, 7]], dtype=torch.int32),
+                 torch.tensor([2], dtype=torch.int32), 1.0, 2, return_lse=True)
+    assert torch.allclose(o[0, 0], torch.tensor([0.75 * (math.log(3) - 1), 3.5]), atol=1e-6)
+    assert abs(lse[0, 0].item() - math.log(4)) < 1e-6
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
+def test_next_n_tokens_are_causal(variant):
+    # next_n = 2 over one sequence of 3: token 0 sees positions 0..1, token 1 sees 0..2; a latent at
+    # position 2 with a huge key pulls only token 1 onto its value.
+    cache = torch.zeros(1, 4, 3)
+    cache[0, :3, 0] = torch.tensor([1.0, 2.0, 3.0])      # values (R = 2: columns 0, 1)
+    cache[0, 2, 2] = 50.0                                 # shared key of position 2
+    q = torch.tensor([[[0.0, 0.0, 1.0]], [[0.0, 0.0, 1.0]]])
+    o = run(*variant, q, cache, torch.tensor([[0]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
+            1.0, 2, next_n=2)
+    assert torch.allclose(o[:, 0, 0], torch.tensor([1.5, 3.0]), atol=1e-6)
+
+
+def _args(N=2, H=2, R=8, Dr=4, bs=4, width=3, nb=6, next_n=1, lens=(3, 5)):
+    q = torch.randn(N * next_n, H, R + Dr)
+    cache = torch.randn(nb, bs, R + Dr)
+    table = torch.arange(N * width, dtype=torch.int32).view(N, width) % nb
+    return [q, cache, table, torch.tensor(lens, dtype=torch.int32), 0.5, R], dict(next_n=next_n)
+
+
+def _bad(i, value):
+    def f(a, k):
+        a[i] = value
+    return f
+
+
+BAD = {
+    "q-2d": (_bad(0, torch.randn(2, 12)), "q must have 3 dims"),
+    "q-int": (_bad(0, torch.zeros(2, 2, 12, dtype=torch.int32)), "q dtype int32"),
+    "q-width": (_bad(0, torch.randn(2, 2, 10)), "q width 10 != cache width 12"),
+    "rank-too-big": (_bad(5, 13), "kv_lora_rank must be an int in [1, 12]"),
+    "table-int64": (lambda a, k: a.__setitem__(2, a[2].long()), "block_table dtype int64"),
+    "seq-lens-rows": (_bad(3, torch.tensor([3], dtype=torch.int32)), "seq_lens length 1 != block_table rows 2"),
+    "next-n-divides": (lambda a, k: k.update(next_n=3), "q rows 2 are not a multiple of next_n 3"),
+    "table-rows": (lambda a, k: k.update(next_n=2), "block_table rows 2 != 1 sequences"),
+    "table-too-narrow": (_bad(3, torch.tensor([3, 13], dtype=torch.int32)), "needs 4 blocks of 4 > block_table width 3"),
+    "negative-len": (_bad(3, torch.tensor([-1, 5], dtype=torch.int32)), "seq_lens[0] = -1 is negative"),
+    "block-id": (lambda a, k: a[2].__setitem__((1, 1), 6), "block_table[1, 1] = 6 is outside [0, 6)"),
+    "scale": (_bad(4, -1.0), "scale must be a positive number"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_arguments_raise(case):
+    args, kwargs = _args()
+    BAD[case][0](args, kwargs)
+    with pytest.raises(KernelgateError, match=f"^{OP}: .*{re.escape(BAD[case][1])}"):
+        registry.get(OP)(*args, **kwargs)
+
+
+def test_new_tokens_must_be_cached():
+    args, kwargs = _args(N=1, next_n=2, lens=(1,))
+    with pytest.raises(KernelgateError, match=r"mla_decode: seq_lens\[0\] = 1 < 2 new tokens"):
+        registry.get(OP)(*args, **kwargs)
+
+
+def test_native_checks_values_every_call():
+    args, kwargs = _args()
+    registry.get(OP)(*args, **kwargs)                       # a good call caches the choice
+    args[3] = torch.tensor([3, -2], dtype=torch.int32)
+    with pytest.raises(KernelgateError, match="is negative"):
+        registry.get(OP).reference(*args, **kwargs)
+
+
+def _absorbed_f64(q, lat, scale, R, keep):
+    """One query row over positions `keep` (bool [L]) of latents lat [L, C], float64."""
+    s = (q.double() @ lat.double().T) * scale
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ lat.double()[:, :R]
+
+
+def _launch(*args, **kwargs):
+    pytest.importorskip("triton")
+    if not platform.interpreting() and platform.current().device == "cpu":
+        pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
+    from kernelgate.ops.mla import mla_decode_triton
+    return mla_decode_triton.launch(*args, **kwargs)
+
+
+@pytest.mark.parametrize("bad_id", [-3, 10**6], ids=["negative", "past-the-cache"])
+def test_triton_skips_out_of_range_blocks(bad_id):
+    # device kernels cannot raise on values: a block id outside [0, num_blocks) is never read, its
+    # positions leave the softmax; lengths past the table width stop at the table; negative = 0
+    pb = Problem([40, 9, 5], [1, 1, 1], 2, 16, 8, 8, 8, 8, torch.float32)
+    cache = pb.cache.nan_to_num(0.25)                          # slots past a length hold data here
+    table = pb.table.clone()                                   # width 6; unused entries are 10**6
+    table[0, 2] = bad_id                                       # positions 16..23 of sequence 0
+    seq = torch.tensor([40, 9 + 100, -4], dtype=torch.int32)   # 109 > the table's 6 x 8: cut at 48
+    q = pb.absorbed_q(torch.float32)
+    o, lse = _launch(q, cache, table, seq, pb.scale, 16, return_lse=True)
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[16:24] = False
+    assert rel(o[0, 0], _absorbed_f64(q[0, 0], pb.latents[0], pb.scale, 16, keep)) < 1e-5
+    # sequence 1 owns two real blocks (positions 0..15), then out-of-range ids up to position 47
+    lat1 = torch.stack([cache[table[1, p // 8], p % 8] for p in range(16)])
+    ref1 = torch.stack([_absorbed_f64(q[1, h], lat1, pb.scale, 16, torch.ones(16, dtype=torch.bool))
+                        for h in range(2)])
+    assert rel(o[1], ref1) < 1e-5
+    assert torch.equal(o[2], torch.zeros_like(o[2])) and torch.isneginf(lse[2]).all()
+
+
+def test_triton_gpu_merge_layout_and_many_splits():
+    # the GPU's merge shape (one query row and 16 latent columns per program) over 7 splits of a
+    # 100-token sequence (tiles of 16: the last split is empty), next_n 2; the interpreter's
+    # default merges whole rows at once
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([100], [2], 2, 32, 16, 8, 8, 8, torch.float32)
+    q = pb.absorbed_q(torch.float32)
+    ref = registry.get(OP).reference(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, return_lse=True)
+    cfg = dict(T.config(), splits=7, merge_rows=1, merge_br=16, merge_sb=4, block_n=16)
+    o, lse = _launch(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, return_lse=True, cfg=cfg)
+    assert rel(o, ref[0]) < 1e-5 and rel(lse, ref[1]) < 1e-6
+
+
+@pytest.mark.parametrize("kv_major", [False, True], ids=["heads-major", "kv-major"])
+@pytest.mark.parametrize("ahead", [False, True], ids=["table-inline", "table-ahead"])
+def test_triton_loop_shapes(kv_major, ahead):
+    # both MMA orientations and both block-table load orders, tiles of 16 over blocks of 8, 3 splits
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([37, 8, 0], [2, 2, 2], 3, 32, 16, 8, 8, 8, torch.float32, seed=5)
+    cfg = dict(T.config(), kv_major=kv_major, ahead=ahead, block_n=16, splits=3)
+    o_lat = _launch(pb.absorbed_q(torch.float32), pb.cache, pb.table, pb.seq_lens, pb.scale, 32, next_n=2, cfg=cfg)
+    assert rel(torch.einsum("thr,hvr->thv", o_lat.double(), pb.w_uv), pb.expanded()) < 2e-5
+
+
+def test_launch_choices_follow_the_platform():
+    import dataclasses
+
+    from kernelgate.ops.mla import mla_decode_triton as T
+    here = platform.current()
+    h200 = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"))
+    mi300 = T.config(dataclasses.replace(here, name="rocm", capability="gfx942"))
+    xpu = T.config(dataclasses.replace(here, name="xpu", capability=None))
+    assert (h200["block_n"], h200["num_warps"], h200["num_stages"]) == (32, 8, 2)
+    assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
+    assert T.num_splits(1, 2048, 64, dict(programs=264, min_split=256)) == 264      # B1 128k: fill the GPU
+    assert T.num_splits(64, 2048, 64, dict(programs=264, min_split=256)) == 5
+    assert T.num_splits(1, 3, 16, dict(programs=264, min_split=256)) == 1            # short table: one split

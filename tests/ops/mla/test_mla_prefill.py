@@ -1,0 +1,120 @@
+"""mla_prefill against attention expanded per head in float64 (the test's own paged layout and
+keys), agreement with mla_decode on a chunk's last token, and the argument checks. Every
+implementation that runs here; the SDPA one also with tiny context pieces (so the log-sum-exp
+merge of pieces is exercised) and with its portable fp32 math path forced."""
+import re
+import warnings
+
+import pytest
+import torch
+
+from kernelgate import KernelgateError, forcing, platform, registry
+from kernelgate.registry import FallbackWarning
+from mla_refs import Problem, rel
+
+OP = "mla_prefill"
+BOUND = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+IMPLS = ["native", "sdpa"]
+
+
+def run(impl, *args):
+    op = registry.get(OP)
+    if impl not in op.impls:
+        pytest.skip(f"{OP}: no {impl} implementation registered")
+    why = op.impls[impl].unavailable(platform.current())
+    if why:
+        pytest.skip(why)
+    with forcing({OP: impl}):
+        return op(*args)
+
+
+SHAPES = [  # chunks, lens, H, R, Dr, Dn, Dv, bs
+    pytest.param([9], [9], 2, 32, 16, 24, 16, 16, id="start-n9-L9"),
+    pytest.param([7], [40], 3, 32, 16, 24, 20, 16, id="prefix-n7-L40"),
+    pytest.param([1, 16, 5, 0], [1, 33, 16, 7], 2, 32, 8, 16, 24, 16, id="N4-n1_16_5_0-L1_33_16_7"),
+    pytest.param([17, 4], [64, 65], 4, 48, 16, 32, 32, 8, id="N2-n17_4-L64_65-BS8"),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("chunks,lens,H,R,Dr,Dn,Dv,bs", SHAPES)
+def test_matches_expanded_float64(impl, dtype, chunks, lens, H, R, Dr, Dn, Dv, bs):
+    pb = Problem(lens, chunks, H, R, Dr, Dn, Dv, bs, dtype)
+    w_kv = pb.w_kv(dtype)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).to(dtype)
+    o = run(impl, q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, Dv)
+    assert o.shape == (sum(chunks), H, Dv) and o.dtype == dtype
+    w = w_kv.double()
+    ref = pb.expanded(w[:, :Dn], w[:, Dn:])
+    assert rel(o, ref) < BOUND[dtype], rel(o, ref)
+
+
+@pytest.mark.parametrize("lse_path", ["fused", "math"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sdpa_context_pieces_merge(monkeypatch, lse_path, dtype):
+    # pieces of 8 positions: prefixes of 0 / 13 / 40 / 56 positions cut into pieces, chunks of
+    # 9 / 3 / 17 / 8 tokens cut at 8 (causal pieces), merged by log-sum-exp; then the fused
+    # lse kernel of this device, or the fp32 math fallback
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    monkeypatch.setattr(S, "PIECE", 8)
+    monkeypatch.setattr(S, "FORCE_LSE", "math" if lse_path == "math" else None)
+    pb = Problem([9, 16, 57, 64], [9, 3, 17, 8], 3, 32, 16, 24, 16, 8, dtype, seed=3)
+    w_kv = pb.w_kv(dtype)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).to(dtype)
+    with warnings.catch_warnings():
+        if lse_path == "fused":   # CPU and CUDA have a fused lse kernel: no silent math fallback
+            warnings.simplefilter("error", FallbackWarning)
+        o = run("sdpa", q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
+    w = w_kv.double()
+    ref = pb.expanded(w[:, :24], w[:, 24:])
+    assert rel(o, ref) < BOUND[dtype], rel(o, ref)
+
+
+def test_last_chunk_token_matches_decode():
+    # the last token of a prefill chunk is what a decode step computes for it (absorbed form)
+    pb = Problem([21, 50], [6, 3], 3, 32, 16, 16, 16, 16, torch.float32)
+    w_kv = pb.w_kv(torch.float32)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).float()
+    o = registry.get(OP)(q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
+    last = pb.cu[1:].long() - 1
+    o_lat = registry.get("mla_decode")(pb.absorbed_q(torch.float32)[last], pb.cache, pb.table, pb.seq_lens,
+                                       pb.scale, 32)
+    assert rel(torch.einsum("thr,hvr->thv", o_lat.double(), pb.w_uv), o[last].double()) < 1e-5
+
+
+def _args(lens=(3, 5), chunks=(2, 5), H=2, R=8, Dr=4, Dn=6, Dv=5, bs=4, width=2, nb=6):
+    q = torch.randn(sum(chunks), H, Dn + Dr)
+    cache = torch.randn(nb, bs, R + Dr)
+    table = torch.arange(len(lens) * width, dtype=torch.int32).view(len(lens), width) % nb
+    cu = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
+    return [q, cache, table, cu, torch.tensor(lens, dtype=torch.int32), torch.randn(H, Dn + Dv, R), 0.4, Dv]
+
+
+def _set(i, value):
+    def f(a):
+        a[i] = value(a) if callable(value) else value
+    return f
+
+
+BAD = {
+    "q-2d": (_set(0, torch.randn(7, 10)), "q must have 3 dims"),
+    "w-heads": (_set(5, torch.randn(3, 11, 8)), "w_kv heads 3 != q heads 2"),
+    "w-rows": (_set(5, torch.randn(2, 12, 8)), "w_kv shape (2, 12, 8) != (H, Dn + Dv, R) = (2, 6 + 5, 8)"),
+    "value-dim": (_set(7, 0), "value_dim must be a positive int"),
+    "cache-narrow": (_set(1, torch.randn(6, 4, 6)), "cache width 6 < w_kv latent width R 8"),
+    "cu-length": (_set(3, torch.tensor([0, 7], dtype=torch.int32)), "cu_seqlens length 2 != 2 / 3"),
+    "cu-total": (_set(3, torch.tensor([0, 2, 6], dtype=torch.int32)), "cu_seqlens[-1] = 6 != q tokens 7"),
+    "len-short": (_set(4, torch.tensor([1, 5], dtype=torch.int32)), "seq_lens[0] = 1 < its 2 chunk tokens"),
+    "table-narrow": (_set(4, torch.tensor([3, 9], dtype=torch.int32)), "needs 3 blocks of 4 > block_table width 2"),
+    "block-id": (lambda a: a[2].__setitem__((0, 0), -1), "block_table[0, 0] = -1 is outside [0, 6)"),
+    "table-dtype": (_set(2, lambda a: a[2].long()), "block_table dtype int64"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_arguments_raise(case):
+    args = _args()
+    BAD[case][0](args)
+    with pytest.raises(KernelgateError, match=f"^{OP}: .*{re.escape(BAD[case][1])}"):
+        registry.get(OP)(*args)
