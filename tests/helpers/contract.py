@@ -20,9 +20,31 @@ IMPLS = {
     "kda_decode": [("cpu", "native")] + TRITON,
     "kda_packed_decode": [("cpu", "native"), ("cpu", "chain"), ("cuda", "chain")] + TRITON,
     "biased_grouped_topk": [("cpu", "native")] + TRITON,
-    "fused_experts": [("cpu", "native"), ("cpu", "grouped_mm")] + TRITON,
+    "fused_experts": [("cpu", "native"), ("cpu", "grouped_mm")] + TRITON + [("cuda", "triton_gemv"), ("xpu", "triton_gemv")],
     "silu_and_mul_clamp": [("cpu", "native")] + TRITON,
+    "fused_q_indexer_rope_hadamard_quant": [("cpu", "native"), ("cuda", "triton_tok")] + TRITON,
+    "indexer_k_quant_and_cache": [("cpu", "native")] + TRITON,
+    "fp8_paged_mqa_logits": [("cpu", "native"), ("cuda", "triton_kq")] + TRITON,
 }
+
+
+def compare(op_name, out, ref, rtol, what):
+    """The op's own output comparison where it has one (fp8 codes), else assert_close."""
+    from kernelgate.testing import assert_close
+    op = registry.get(op_name)
+    if op.compare is not None:
+        op.compare(out, ref, torch.float32, None)
+    else:
+        assert_close(out, ref, rtol, what=what)
+
+
+def compare_state(op_name, name, out, ref, rtol, what):
+    from kernelgate.testing import assert_close
+    op = registry.get(op_name)
+    if op.compare_mutated is not None:
+        op.compare_mutated(name, out, ref, torch.float32)
+    else:
+        assert_close(out, ref, rtol, what=what)
 
 
 def params(op):

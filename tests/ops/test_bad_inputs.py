@@ -18,6 +18,8 @@ import torch
 from kernelgate import KernelgateError, ops, registry
 from kernelgate.ops.kda import kda_decode as kda_decode_mod
 from kernelgate.ops.kda import kda_prefill as kda_prefill_mod
+from kernelgate.ops.indexer import fp8_paged_mqa_logits as fp8_paged_mqa_logits_mod
+from kernelgate.ops.indexer import indexer_q as indexer_q_mod
 from kernelgate.ops.moe import fused_experts as fused_experts_mod
 from kernelgate.testing import assert_close
 
@@ -275,3 +277,76 @@ WRONG_TYPES = [   # (id, call, message): a float where an int is required, strin
 def test_wrong_argument_types(call, message):
     with pytest.raises(KernelgateError, match=r"^\w+: .*" + message):
         call()
+
+
+# -- indexer: positions, cache slots, block tables and context lengths --------------------------
+@pytest.mark.parametrize("op,plat,impl", params("fused_q_indexer_rope_hadamard_quant"))
+def test_indexer_q_positions(op, plat, impl):
+    g = _gen(6)
+    q, w = 3 * torch.randn(4, 3, 128, generator=g), torch.randn(4, 3, generator=g)
+    freqs = indexer_q_mod.precompute_freqs_cis(32)
+    pos = torch.tensor([5, -1, 31, 32], dtype=torch.int32)
+    with registry.checked(True), pytest.raises(
+            KernelgateError, match=rf"^{op}: positions\[1\] = -1 outside \[0, 32\) \(rows of freqs_cis\)$"):
+        run(op, plat, impl, (q, w, 0.125, freqs, pos))
+    with registry.checked(False):
+        codes, w_out = run(op, plat, impl, (q, w, 0.125, freqs, pos))
+        # a strided view of the positions reads the same values
+        strided = run(op, plat, impl, (q, w, 0.125, freqs, _every_other(pos)))
+    assert torch.equal(codes.view(torch.uint8), strided[0].view(torch.uint8)) and torch.equal(w_out, strided[1])
+    # out-of-range positions (-1 no longer wraps to the last row): zero codes, zero weight
+    assert (codes[[1, 3]].view(torch.uint8) == 0).all() and (w_out[[1, 3]] == 0).all()
+    keep = [0, 2]
+    ref = registry.get(op).reference(q[keep], w[keep], 0.125, freqs, pos[keep])
+    registry.get(op).compare((codes[keep], w_out[keep]), ref, F32, None)
+
+
+@pytest.mark.parametrize("op,plat,impl", params("indexer_k_quant_and_cache"))
+def test_k_cache_slots(op, plat, impl):
+    g = _gen(7)
+    k = 2 * torch.randn(4, 128, generator=g)
+    kv = torch.randint(0, 256, (2, 16 * 132), generator=g, dtype=torch.uint8)
+    slots = torch.tensor([3, 32, -1, 40])              # 32 cache slots: 32 and 40 are past the end
+    before = kv.clone()
+    with registry.checked(True), pytest.raises(
+            KernelgateError, match=rf"^{op}: slot_mapping\[1\] = 32 outside \[0, 32\) \(cache slots; negative = skip\)$"):
+        run(op, plat, impl, (k, kv, slots, 16))
+    assert torch.equal(kv, before)
+    with registry.checked(False):
+        run(op, plat, impl, (k, kv, _every_other(slots), 16))     # a strided view of the slots, too
+        want = before.clone()
+        run(op, plat, impl, (k[:1], want, torch.tensor([3]), 16))
+    assert torch.equal(kv, want), "only token slot 3 may change"
+    assert not torch.equal(kv, before)
+
+
+def _logits_inputs():
+    case = fp8_paged_mqa_logits_mod._logits_case(2, 1, 4, [20, 17], 16)
+    return list(case.make("cpu", torch.float8_e4m3fn, _gen(8))[0])   # q, kv, w, ctx, tables [2, 2], L=20
+
+
+@pytest.mark.parametrize("op,plat,impl", params("fp8_paged_mqa_logits"))
+def test_logits_block_ids_and_context(op, plat, impl):
+    args = _logits_inputs()
+    with registry.checked(False):
+        good = run(op, plat, impl, args)
+    bad_blk, bad_ctx = list(args), list(args)
+    bad_blk[4] = args[4].clone()
+    bad_blk[4][0, 1] = 999                              # tokens 16..19 of sequence 0
+    bad_ctx[3] = torch.tensor([20, 33], dtype=torch.int32)   # the table maps 2 x 16 = 32 tokens
+    nb = args[1].shape[0]
+    with registry.checked(True):
+        with pytest.raises(KernelgateError, match=rf"^{op}: block_tables\[0, 1\] = 999 outside \[0, {nb}\)"):
+            run(op, plat, impl, bad_blk)
+        with pytest.raises(KernelgateError, match=rf"^{op}: context_lens\[1\] = 33 outside \[0, 32\]"):
+            run(op, plat, impl, bad_ctx)
+    with registry.checked(False):
+        out_blk = run(op, plat, impl, bad_blk)
+        out_ctx = run(op, plat, impl, bad_ctx)
+        # strided context_lens / block_tables (column-major) read as they are
+        strided = run(op, plat, impl, [*args[:3], _every_other(args[3]), args[4].t().contiguous().t(), args[5]])
+    assert torch.isneginf(out_blk[0, 16:20]).all(), "a block outside the cache must give -inf (no clamp)"
+    assert torch.equal(out_blk[0, :16], good[0, :16]) and torch.equal(out_blk[1], good[1])
+    assert torch.isneginf(out_ctx[1]).all() and torch.equal(out_ctx[0], good[0])
+    assert torch.equal(strided, good)
+    assert_close(out_blk, registry.get(op).reference(*bad_blk), 2e-4)

@@ -1,4 +1,4 @@
-"""Seeded fuzzing of the norm, conv, kda and moe ops against their native references.
+"""Seeded fuzzing of the norm, conv, kda, moe and indexer ops against their native references.
 
 Each case draws shapes (odd and tiny ones included), index values (skipped -1 slots, slots
 and expert ids past the end, sequences of length 0, batches whose cu_seqlens end before T)
@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from kernelgate import registry
-from kernelgate.testing import assert_close
+from kernelgate.ops.common import fp8 as _fp8
+from kernelgate.ops.indexer import fp8_paged_mqa_logits, indexer_q
 
-from helpers.contract import IMPLS, LAYOUTS, all_params, clone, restride, run
+from helpers.contract import IMPLS, LAYOUTS, all_params, clone, compare, compare_state, restride, run
 
 CASES = int(os.environ.get("KERNELGATE_FUZZ_CASES", "18"))
 F32 = torch.float32
@@ -142,7 +143,55 @@ def gen_silu_and_mul_clamp(r):
     return [_rand(r, r.randrange(0, 9), 2 * r.choice([1, 7, 64]), scale=4.0), r.choice([0.5, 2.5, 7.0])], {}, None, None
 
 
+def gen_fused_q_indexer_rope_hadamard_quant(r):
+    B, H, max_pos = r.randrange(0, 7), r.randrange(1, 6), 64
+    pos = [r.randrange(max_pos) if r.random() < 0.8 else r.choice([-1, max_pos, max_pos + 5]) for _ in range(B)]
+    kw = dict(variant=r.choice(["v4", "v32"]), fp8_format=r.choice(["e4m3fn", "e4m3fnuz"]),
+              hadamard=r.choice([None, True, False]))
+    return ([_rand(r, B, H, 128, scale=3.0), _rand(r, B, H), 0.125, indexer_q.precompute_freqs_cis(max_pos),
+             _idx(pos, r)], kw, None, None)
+
+
+def gen_indexer_k_quant_and_cache(r):
+    nb, bs = r.randrange(1, 4), r.choice([16, 32])
+    n = nb * bs
+    slots = [(-1 if r.random() < 0.15 else n + r.randrange(5) if r.random() < 0.1 else s)
+             for s in r.sample(range(n), r.randrange(0, 10))]
+    kv = torch.randint(0, 256, (nb, bs * 132), dtype=torch.uint8,
+                       generator=torch.Generator().manual_seed(r.randrange(1 << 30)))
+    kw = dict(fp8_format=r.choice(["e4m3fn", "e4m3fnuz"]))
+    return [_rand(r, len(slots), 128, scale=2.0), kv, _idx(slots, r), bs], kw, 1, 2
+
+
+def gen_fp8_paged_mqa_logits(r):
+    B, next_n, H, bs = r.randrange(1, 4), r.randrange(1, 3), r.randrange(1, 6), 16
+    ctx = [r.randrange(1, 40) for _ in range(B)]
+    dtype = r.choice([torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+    g = torch.Generator().manual_seed(r.randrange(1 << 30))
+    kv, tables = fp8_paged_mqa_logits.random_paged_cache(B, ctx, bs, dtype, g)
+    if r.random() < 0.3:    # a block id outside the cache: its tokens -inf
+        tables[r.randrange(B), r.randrange(tables.shape[1])] = r.choice([-1, 999])
+    if r.random() < 0.2:    # a context past what the table maps, or negative: the rows -inf
+        ctx[r.randrange(B)] = r.choice([-3, tables.shape[1] * bs + 5])
+    max_len = min(tables.shape[1] * bs, max(max(ctx), 1) + r.randrange(0, 5))
+    q, _ = _fp8.quantize_rows(torch.randn(B, next_n, H, 128, generator=g), _fp8.DTYPE_FORMAT[dtype])
+    return ([q, kv, 0.01 * torch.randn(B * next_n, H, generator=g), torch.tensor(ctx, dtype=torch.int32),
+             tables, max_len], {}, None, None)
+
+
 GEN = {op: globals()[f"gen_{op}"] for op in IMPLS}
+DENSE = {"indexer_k_quant_and_cache": {1}, "fp8_paged_mqa_logits": {1}}   # the paged cache: contiguous by contract
+
+
+def _cache_untouched(args, before, after, what):
+    """indexer_k_quant_and_cache: every cache token the call does not own keeps its bytes."""
+    k, kv, slots, bs = args[:4]
+    n = kv.shape[0] * bs
+    owned = {s for s in slots.tolist() if 0 <= s < n}
+    for s in set(range(n)) - owned:
+        b, o = divmod(s, bs)
+        for lo, hi in ((o * 128, o * 128 + 128), (bs * 128 + 4 * o, bs * 128 + 4 * o + 4)):
+            assert torch.equal(after[b, lo:hi], before[b, lo:hi]), f"{what}: cache token {s} (not in the call) modified"
 
 
 def _params():
@@ -162,11 +211,14 @@ def _owned(slots, pool):
 
 @pytest.mark.parametrize("op,plat,impl,seeds", _params())
 def test_fuzz(op, plat, impl, seeds):
-    rtol = (registry.get(op).impls[impl].rtol or {}).get(F32, registry.get(op).rtol[F32])
+    the_op = registry.get(op)
     for seed in seeds:
         r = random.Random(f"{op}-{seed}")
         args, kw, sti, sli = GEN[op](r)
-        layouts = {i: r.choice(LAYOUTS) for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        dt = the_op.dtype_of(args, kw)
+        rtol = (the_op.impls[impl].rtol or {}).get(dt, the_op.rtol.get(dt, 1e-5))
+        layouts = {i: r.choice(LAYOUTS) for i, a in enumerate(args)
+                   if isinstance(a, torch.Tensor) and i not in DENSE.get(op, ())}
         layouts.update({k: r.choice(LAYOUTS) for k, a in kw.items() if isinstance(a, torch.Tensor)})
         what = f"{op} seed {seed} on {impl}/{plat}: layouts {layouts}"
         ref_args, ref_kw = clone(args, kw)
@@ -175,10 +227,13 @@ def test_fuzz(op, plat, impl, seeds):
         snapshot = views[sti].clone() if sti is not None else None
         with registry.checked(False):
             out = run(op, plat, impl, views, view_kw, layout_fallback=True)
-        ref = registry.get(op).reference(*ref_args, **ref_kw)
-        assert_close(out, ref, rtol, what=what)
-        if sti is not None:
-            assert_close(views[sti], ref_args[sti], rtol, what=f"{what}: state")
+        ref = the_op.reference(*ref_args, **ref_kw)
+        compare(op, out, ref, rtol, what)
+        if op == "indexer_k_quant_and_cache":
+            compare_state(op, "kv_cache", views[sti], ref_args[sti], rtol, what)
+            _cache_untouched(args, snapshot, views[sti], what)
+        elif sti is not None:
+            compare_state(op, "state", views[sti], ref_args[sti], rtol, f"{what}: state")
             owned = _owned(args[sli], args[sti].shape[0])
             for s in set(range(args[sti].shape[0])) - owned:
                 assert torch.equal(views[sti][s], snapshot[s]), f"{what}: state slot {s} (not in the call) modified"

@@ -53,11 +53,11 @@ def hint(op: str, name: str, host: torch.Tensor | None, device_t: torch.Tensor) 
                               f"{device_t.tolist()}")
 
 
-def ids_below(op: str, name: str, ids: torch.Tensor, bound: int, what: str) -> None:
-    """Every id < bound (negative ids mean skip)."""
+def ids_below(op: str, name: str, ids: torch.Tensor, bound: int, what: str, negative_ok: bool = True) -> None:
+    """Every id < bound; negative ids mean skip where `negative_ok`, else they are errors too."""
     i = ids.detach().cpu().long()
-    bad = i >= bound
+    bad = (i >= bound) if negative_ok else ((i >= bound) | (i < 0))
     if bool(bad.any()):
         pos = tuple(int(p) for p in bad.nonzero()[0])
-        raise KernelgateError(f"{op}: {name}{list(pos)} = {int(i[pos])} outside [0, {bound}) ({what}; "
-                              "negative = skip)")
+        raise KernelgateError(f"{op}: {name}{list(pos)} = {int(i[pos])} outside [0, {bound}) ({what}"
+                              + ("; negative = skip)" if negative_ok else ")"))
