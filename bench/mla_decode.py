@@ -13,7 +13,9 @@ The native reference is timed at B <= 8 only (it loops over sequences on the hos
              kernelgate/ops/mla/mla_decode_triton.py
   --prefill  also check mla_prefill (sdpa) against native at a context longer than one piece
              and time it for an 8k chunk after 24k / 120k of context
-Runs in about a minute on an H200 (--sweep adds about three: 28 launch choices x 3 shapes).
+  --aot      no GPU needed: compile the kernel for sm_90 (Kimi shapes) at each SWEEP_GRID choice
+             and print registers, spills (stack bytes), shared memory and the MMA kind
+Runs in about a minute on an H200 (--sweep adds one or two: 10 launch choices x 3 shapes).
 """
 from __future__ import annotations
 
@@ -88,6 +90,12 @@ def timing(dev):
 
 
 SWEEP_SHAPES = ((1, 131072), (8, 32768), (64, 32768))
+# (block_n, num_warps, num_stages, kv_major, ahead): the candidates that compile for sm_90 without
+# spills or with few (--aot), plus the wgmma-only kv-major tile of 64 and one table-ahead loop
+SWEEP_GRID = ((32, 8, 2, False, False), (32, 8, 3, False, False), (16, 8, 3, False, False),
+              (32, 16, 2, False, False), (32, 8, 2, True, False), (32, 8, 3, True, False),
+              (16, 8, 3, True, False), (64, 8, 2, True, False), (64, 16, 2, True, False),
+              (32, 8, 2, False, True))
 
 
 def sweep(dev):
@@ -95,9 +103,7 @@ def sweep(dev):
     of stage 1 at other program counts (B < 64)."""
     from kernelgate.ops.mla import mla_decode_triton as T
     base = T.config()
-    tiles = ((16, 4, 3), (32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 8, 3))
-    grid = [dict(block_n=bn, num_warps=w, num_stages=s, kv_major=km, ahead=ah)
-            for (bn, w, s), km, ah in itertools.product(tiles, (False, True), (True, False))]
+    grid = [dict(block_n=bn, num_warps=w, num_stages=s, kv_major=km, ahead=ah) for bn, w, s, km, ah in SWEEP_GRID]
     print(f"\nsweep (base {base}); graph µs per call\n")
     for B, ctx in SWEEP_SHAPES:
         q, cache, table, seq = inputs(B, ctx, dev)
@@ -115,7 +121,7 @@ def sweep(dev):
         rows.sort(key=lambda r: r[0])
         if rows and B < 64:
             best = rows[0][1]
-            rows += [(us, c) for p in (132, 528, 1056) if p != best["programs"]
+            rows += [(us, c) for p in (132, 264, 528, 1056) if p != best["programs"]
                      for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
             rows.sort(key=lambda r: r[0])
         for us, c in rows[:4]:
@@ -124,6 +130,38 @@ def sweep(dev):
                   f"splits {T.num_splits(B, table.shape[1], BS, c)}: { {k: c[k] for k in keys} }")
         del q, cache, table, seq
         torch.cuda.empty_cache()
+
+
+def aot(cap=90, next_n=1):
+    """Compile _partial_kernel for an NVIDIA target without a GPU; resources from cuobjdump."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernelgate.ops.mla import mla_decode_triton as T
+    names = list(T._partial_kernel.arg_names)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    print(f"\nsm_{cap}, H={H} next_n={next_n} R={R} Dr={DR}, bf16\n\n| block_n | warps | stages | kv_major | ahead "
+          "| resources | shared KB | cp.async | mma.sync / wgmma |\n|---|---|---|---|---|---|---:|---|---|")
+    for bn, w, st, km, ah in SWEEP_GRID:
+        const = dict(R=R, DR=DR, RP=R, DRP=DR, MP=H * next_n, BLOCK_N=bn, SPLITS=8, DOT_F32=False, KV_MAJOR=km, AHEAD=ah)
+        sig = {n: ("constexpr" if n in const else "*bf16" if n in ("q_ptr", "kv_ptr") else
+                   "*i32" if n in ("bt_ptr", "len_ptr") else "*fp32" if n.endswith("_ptr") else
+                   "fp32" if n == "qk_scale" else "i32") for n in names}
+        src = ASTSource(T._partial_kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()})
+        k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=dict(num_warps=w, num_stages=st))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        res = next((ln.split("SHARED")[0].strip() for ln in out.splitlines() if "REG" in ln), "?")
+        ptx = k.asm["ptx"]
+        print(f"| {bn} | {w} | {st} | {km} | {ah} | {res} | {k.metadata.shared / 1024:.0f} | {'cp.async' in ptx} | "
+              f"{ptx.count('mma.sync')} / {ptx.count('wgmma.mma_async')} |")
 
 
 def prefill(dev):
@@ -157,7 +195,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--aot", action="store_true")
     a = ap.parse_args()
+    if a.aot:
+        aot()
+        aot(next_n=2)
+        raise SystemExit(0)
     assert torch.cuda.is_available(), "bench/mla_decode.py times GPU kernels (the CPU runs the parity tests)"
     dev = torch.device("cuda")
     print(f"copy bandwidth {copy_bandwidth(dev):.0f} GB/s (floor uses {FLOOR_GBS:.0f})")

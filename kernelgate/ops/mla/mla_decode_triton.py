@@ -41,8 +41,9 @@ OP = "mla_decode"
 # writes M x R fp32 partials: 64 KiB for Kimi). Unmeasured starting points: bench/mla_decode.py
 # --sweep times the alternatives on a GPU.
 CONFIGS = [
-    # H100/H200: a [32, 576] bf16 tile is 36 KiB; two stages leave room for two programs per SM
-    (("cuda", "sm_9"), dict(block_n=32, num_warps=8, num_stages=2, programs=264, min_split=256)),
+    # H100/H200: a [32, 576] bf16 tile is 36 KiB; 239 registers x 256 threads allow one program
+    # per SM, so one wave of 132 (fewer splits: half the partials of two waves)
+    (("cuda", "sm_9"), dict(block_n=32, num_warps=8, num_stages=2, programs=132, min_split=256)),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
@@ -52,8 +53,12 @@ CONFIGS = [
 # The merge of the splits: programs of merge_rows query rows x merge_br latent columns (None:
 # all), reading merge_sb splits per step.
 MERGE = dict(merge_rows=1, merge_br=128, merge_sb=16)
-# Loop shape defaults (see _partial_kernel): heads on the MMA's M axis, table entries one tile ahead.
-LOOP = dict(kv_major=False, ahead=True)
+# Loop shape defaults (see _partial_kernel). Compiled for sm_90 without a GPU (Triton 3.9,
+# `bench/mla_decode.py --aot`), Kimi shapes, next_n 1: heads-major 32 x 8 warps x 2 stages takes
+# 239 registers, no spills, 86 KB shared, cp.async tiles, mma.sync; kv-major the same tile puts
+# the p kv product on wgmma (252 registers); tiles of 64 spill in both orientations. With
+# ahead=True Triton did not pipeline the loop (no cp.async), so it is off by default.
+LOOP = dict(kv_major=False, ahead=False)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries.
 INTERPRETER = dict(programs=8, min_split=32, merge_rows=None, merge_br=None, merge_sb=4)

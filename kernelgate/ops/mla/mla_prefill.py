@@ -46,7 +46,7 @@ def mla_prefill_native(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale,
     bounds, lens = cu_seqlens.tolist(), seq_lens.tolist()
     check_lengths(bounds, lens)
     paged.check_values(OP, cache, block_table, seq_lens)
-    R, Dr, Dn, Dv = _dims(q, cache, w_kv, value_dim)
+    R, _, Dn, Dv = _dims(q, cache, w_kv, value_dim)
     H = q.shape[1]
     w = w_kv.float()
     o = torch.zeros(q.shape[0], H, Dv, dtype=torch.float32, device=q.device)
