@@ -367,7 +367,7 @@ def forcing(overrides: dict[str, str] | str):
 def refresh() -> None:
     """Re-read overrides, KERNELGATE_CHECKS and the platform; drop cached choices."""
     _forced_cache.clear()
-    _checks_on[0] = _env_checks()
+    _checks_on[0] = _checked_blocks[-1] if _checked_blocks else _env_checks()   # a checked() block wins
     _platform.refresh()
 
 
@@ -379,16 +379,19 @@ def _env_checks() -> bool:
 
 
 _checks_on = [_env_checks()]
+_checked_blocks: list[bool] = []   # innermost checked() block last; refresh() keeps its choice
 
 
 @contextlib.contextmanager
 def checked(on: bool = True):
     """Check index values on every op call inside the block (what KERNELGATE_CHECKS=1 does)."""
     saved = _checks_on[0]
+    _checked_blocks.append(on)
     _checks_on[0] = on
     try:
         yield
     finally:
+        _checked_blocks.pop()
         _checks_on[0] = saved
 
 

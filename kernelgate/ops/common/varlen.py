@@ -20,3 +20,11 @@ def validate_host_hint(op, name, hint, like):
 def host_hints(cu_seqlens, slots):
     """The keyword hints a caller that knows the layout on the host passes (CPU copies)."""
     return dict(cu_seqlens_cpu=cu_seqlens.cpu(), slots_cpu=slots.cpu())
+
+
+def seq_range(bounds: list, n: int, total: int) -> tuple[int, int] | None:
+    """Rows [start, end) of sequence n, or None when its bounds are not 0 <= start <= end <= total.
+    The varlen ops skip such a sequence (no output rows, no state read or written), as their
+    kernels do, whatever the other entries of cu_seqlens hold."""
+    s, e = bounds[n], bounds[n + 1]
+    return (s, e) if 0 <= s <= e <= total else None

@@ -5,7 +5,11 @@
 over each sequence of a packed batch (`cu_seqlens` [N+1]); the W-1 inputs before a
 sequence's first token come from `conv_state[slots[n]]` [D, W-1] (oldest first) and the
 last W-1 inputs (context included when the sequence is shorter) are written back there.
-slot < 0: zero initial context and no state read or write. Math in fp32, y in x's dtype.
+slot < 0 (skip) or >= the pool size: zero initial context and no state read or write.
+A sequence whose bounds are not 0 <= cu_seqlens[n] <= cu_seqlens[n+1] <= T is skipped; rows
+no (valid) sequence covers are zeros. Math in fp32, y in x's dtype. Checked mode
+(KERNELGATE_CHECKS=1) raises instead: slots within the pool and distinct, cu_seqlens from 0,
+non-decreasing, ending at T.
 `short_conv_update` is the single-token decode form (x [N, D], one token per sequence).
 `short_conv` takes an optional keyword `cu_seqlens_cpu`: a CPU copy of `cu_seqlens` from a
 caller that knows the layout on the host, so that no implementation needs a device->host
@@ -18,7 +22,8 @@ import torch.nn.functional as F
 
 from ... import checks
 from ...registry import GPU_TRITON, Case, declare
-from ..common.varlen import INDEX, validate_host_hint
+from ..common import index_checks
+from ..common.varlen import INDEX, seq_range, validate_host_hint
 
 ACTIVATIONS = ("silu", "swish", None)
 
@@ -37,16 +42,19 @@ def _conv(ctx, xs, weight, bias, activation):
 def short_conv_native(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None):
     """Short causal conv reference over a varlen batch; conv_state updated in place."""
     D, W = weight.shape
-    y = torch.empty_like(x)
+    T, pool = x.shape[0], conv_state.shape[0]
+    y = torch.zeros_like(x)
     bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
     for n, slot in enumerate(slots.tolist()):
-        s, e = bounds[n], bounds[n + 1]
-        if e == s:   # no tokens: nothing to compute, the context stays
+        rows = seq_range(bounds, n, T)
+        if rows is None or rows[0] == rows[1]:   # skipped, or no tokens: the context stays
             continue
-        ctx = conv_state[slot] if slot >= 0 else x.new_zeros(D, W - 1)
+        s, e = rows
+        live = 0 <= slot < pool
+        ctx = conv_state[slot] if live else x.new_zeros(D, W - 1)
         out, new_ctx = _conv(ctx, x[s:e], weight, bias, activation)
         y[s:e] = out.to(x.dtype)
-        if slot >= 0:
+        if live:
             conv_state[slot] = new_ctx.to(conv_state.dtype)
     return y
 
@@ -54,8 +62,12 @@ def short_conv_native(x, weight, bias, conv_state, cu_seqlens, slots, activation
 def short_conv_update_native(x, weight, bias, conv_state, slots, activation="silu"):
     """Single-token short conv reference (x [N, D]); conv_state updated in place."""
     N, D = x.shape
-    valid = slots >= 0
-    ctx = conv_state[slots.clamp(min=0).long()].float() * valid.view(N, 1, 1)        # [N, D, W-1]
+    pool = conv_state.shape[0]
+    valid = (slots >= 0) & (slots < pool)
+    if pool:
+        ctx = conv_state[torch.where(valid, slots, 0).long()].float() * valid.view(N, 1, 1)  # [N, D, W-1]
+    else:
+        ctx = x.new_zeros(N, D, weight.shape[1] - 1, dtype=torch.float32)
     full = torch.cat([ctx, x.float()[:, :, None]], dim=2)                             # [N, D, W]
     y = (full * weight.float()).sum(-1)
     if bias is not None:
@@ -84,12 +96,23 @@ def validate_short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activati
     checks.tensor("short_conv", "cu_seqlens", cu_seqlens, ndim=1, dtype=INDEX)
     checks.require(cu_seqlens.shape[0] >= 2, "short_conv", "cu_seqlens needs N+1 >= 2 entries")
     _validate_common("short_conv", x, weight, bias, conv_state, slots, activation, cu_seqlens.shape[0] - 1)
+    checks.tensor("short_conv", "cu_seqlens", cu_seqlens, device=x.device)
     validate_host_hint("short_conv", "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
 
 
 def validate_update(x, weight, bias, conv_state, slots, activation="silu"):
     _validate_common("short_conv_update", x, weight, bias, conv_state, slots, activation,
                      x.shape[0] if x.dim() == 2 else None)
+
+
+def check_short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None):
+    index_checks.cu_seqlens("short_conv", cu_seqlens, x.shape[0])
+    index_checks.hint("short_conv", "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
+    index_checks.slots("short_conv", "slots", slots, conv_state.shape[0])
+
+
+def check_update(x, weight, bias, conv_state, slots, activation="silu"):
+    index_checks.slots("short_conv_update", "slots", slots, conv_state.shape[0])
 
 
 # -- cases: varlen with odd lengths, a skipped slot, a slot pool larger than the batch ---
@@ -146,14 +169,14 @@ def update_bench_cases():
 
 
 short_conv = declare("short_conv", short_conv_native, validate=validate_short_conv, cases=conv_cases,
-                     mutates=("conv_state",))
+                     check_values=check_short_conv, mutates=("conv_state",))
 
 short_conv.implementation("triton", ".short_conv_triton:short_conv", provider="triton",
                           platforms=GPU_TRITON, requires=("triton",), priority=10,
                           doc="portable Triton varlen conv; context read from / written to the slot pool")
 
 short_conv_update = declare("short_conv_update", short_conv_update_native, validate=validate_update,
-                            cases=update_cases, bench_cases=update_bench_cases, mutates=("conv_state",))
+                            check_values=check_update, cases=update_cases, bench_cases=update_bench_cases, mutates=("conv_state",))
 short_conv_update.implementation("triton", ".short_conv_triton:short_conv_update",
                                  provider="triton", platforms=GPU_TRITON, requires=("triton",), priority=10,
                                  doc="portable Triton single-token conv update in the slot pool")

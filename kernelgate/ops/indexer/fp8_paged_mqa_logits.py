@@ -7,12 +7,17 @@
         valid iff t < context_lens[b] and t <= context_lens[b] - next_n + i (DeepGEMM's rule:
         the next_n queries are the last next_n tokens of the context, each causal); else -inf.
         The fp8 format is q_fp8's dtype; the cache must hold the same format.
+        Out-of-range values read nothing and give -inf: a token whose block id is outside
+        [0, num_blocks), every row of a sequence whose context_lens is negative or more than
+        its table row maps (block_tables.shape[1] * block_size). Checked mode
+        (KERNELGATE_CHECKS=1) raises for both (block ids are checked below context_lens).
 """
 from __future__ import annotations
 
 import torch
 
 from ... import checks
+from ...platform import KernelgateError
 from ...registry import GPU_TRITON, Case, declare
 from ..common import fp8 as _fp8
 from .k_cache import HEAD_DIM, TOKEN_BYTES, cache_block_size, cache_blocks, check_cache, read_cache  # noqa: F401
@@ -28,15 +33,23 @@ def fp8_paged_mqa_logits_native(q_fp8, kv_cache, weights, context_lens, block_ta
     keys, scales = read_cache(kv_cache, q_fp8.dtype)
     nb, bs = scales.shape
     t = torch.arange(max_context_len, device=q_fp8.device)                  # [L]
-    lb = (t // bs).clamp(max=block_tables.shape[1] - 1)
-    blk = block_tables[:, lb].long().clamp(0, nb - 1)                       # [B, L] (masked below)
-    k = keys[blk, t % bs].float()                                           # [B, L, 128]
-    s_k = scales[blk, t % bs]                                               # [B, L]
+    lb = t // bs
+    in_table = lb < block_tables.shape[1]                   # past the table: past every context (-inf)
+    blk = block_tables[:, torch.where(in_table, lb, 0)].long()                 # [B, L]
+    in_cache = in_table & (blk >= 0) & (blk < nb)           # a block outside the cache: -inf, not read
+    blk = torch.where(in_cache, blk, 0)
+    if nb:
+        k = keys[blk, t % bs].float()                                       # [B, L, 128]
+        s_k = scales[blk, t % bs]                                           # [B, L]
+    else:
+        k, s_k = q_fp8.new_zeros(B, max_context_len, HEAD_DIM, dtype=torch.float32), t.new_zeros(B, max_context_len)
     scores = torch.einsum("bnhd,bld->bnhl", q_fp8.float(), k).relu()        # [B, next_n, H, L]
     logits = (scores * weights.view(B, next_n, H, 1)).sum(2) * s_k[:, None, :]
-    ctx = context_lens.long()[:, None, None]
+    ctx = context_lens.long()
+    # a context length outside [0, tokens the table row maps]: the sequence's rows are all -inf
+    ctx = torch.where((ctx >= 0) & (ctx <= block_tables.shape[1] * bs), ctx, 0)[:, None, None]
     q_pos = ctx - next_n + torch.arange(next_n, device=q_fp8.device)[None, :, None]
-    valid = (t < ctx) & (t <= q_pos)                                        # [B, next_n, L]
+    valid = (t < ctx) & (t <= q_pos) & in_cache[:, None, :]                 # [B, next_n, L]
     return logits.masked_fill(~valid, float("-inf")).reshape(B * next_n, max_context_len)
 
 
@@ -57,6 +70,24 @@ def validate_logits(q_fp8, kv_cache, weights, context_lens, block_tables, max_co
     checks.require(block_tables.shape[1] * bs >= max_context_len, OP_LOGITS,
                    f"block_tables covers {block_tables.shape[1]} blocks of {bs} tokens < max_context_len "
                    f"{max_context_len}")
+
+
+def check_logits(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len):
+    bs, nb = cache_block_size(kv_cache), cache_blocks(kv_cache).shape[0]
+    ctx = context_lens.detach().cpu().long()
+    cover = block_tables.shape[1] * bs
+    bad = (ctx < 0) | (ctx > cover)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise KernelgateError(f"{OP_LOGITS}: context_lens[{i}] = {int(ctx[i])} outside [0, {cover}] "
+                              f"(block_tables maps {block_tables.shape[1]} blocks of {bs} tokens)")
+    used = torch.arange(block_tables.shape[1])[None, :] * bs < ctx[:, None]        # [B, cols] blocks in use
+    tables = block_tables.detach().cpu().long()
+    bad = used & ((tables < 0) | (tables >= nb))
+    if bool(bad.any()):
+        b, j = (int(v) for v in bad.nonzero()[0])
+        raise KernelgateError(f"{OP_LOGITS}: block_tables[{b}, {j}] = {int(tables[b, j])} outside [0, {nb}) "
+                              f"(a block of context_lens[{b}] = {int(ctx[b])} tokens)")
 
 
 def random_paged_cache(B, ctx_lens, bs, fp8_dtype, gen, spare_blocks=3):
@@ -120,7 +151,8 @@ def logits_bench_cases():
 
 
 fp8_paged_mqa_logits = declare(
-    OP_LOGITS, fp8_paged_mqa_logits_native, validate=validate_logits, cases=logits_cases,
+    OP_LOGITS, fp8_paged_mqa_logits_native, validate=validate_logits, check_values=check_logits,
+    cases=logits_cases,
     bench_cases=logits_bench_cases,
     # fp8 products are exact in fp32; the sums differ in order (and Hopper's fp8 MMA keeps
     # fewer accumulator bits), hence 2e-4 rather than fp32's 1e-5

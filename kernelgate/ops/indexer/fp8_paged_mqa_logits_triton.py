@@ -137,29 +137,39 @@ def _head_sum(s, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(kv_ptr, kvs_ptr, bt_row, t0, ctx, block_size, blk_bytes, blk_words,
+def _in_cache(blk, n_blocks, BLOCK_T: tl.constexpr):
+    """[BLOCK_T] mask: the block id (scalar or per token) lies inside the cache. A vector, since a
+    scalar term in a load mask breaks the interpreter."""
+    b = tl.zeros([BLOCK_T], tl.int64) + blk.to(tl.int64)
+    return (b >= 0) & (b < n_blocks)
+
+
+@triton.jit
+def _load_tile(kv_ptr, kvs_ptr, bt_row, s_btc, n_blocks, t0, ctx, block_size, blk_bytes, blk_words,
                BLOCK_T: tl.constexpr, ONE_BLOCK: tl.constexpr, KQ: tl.constexpr):
-    """Codes of tokens t0 + [0, BLOCK_T): [BLOCK_T, 128] (KQ) or [128, BLOCK_T] uint8, and scales [BLOCK_T]."""
+    """Codes of tokens t0 + [0, BLOCK_T): [BLOCK_T, 128] (KQ) or [128, BLOCK_T] uint8, scales [BLOCK_T],
+    and which tokens have a block inside the cache (the others are -inf, nothing read for them)."""
     t = t0 + tl.arange(0, BLOCK_T)
-    tvalid = t < ctx
     d = tl.arange(0, 128)
     if ONE_BLOCK:   # the tile lies in one cache block: one table load, contiguous runs
-        blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0).to(tl.int64)
+        blk = tl.load(bt_row + (t0 // block_size) * s_btc, mask=t0 < ctx, other=0).to(tl.int64)
         off = t0 % block_size + tl.arange(0, BLOCK_T)
     else:
-        blk = tl.load(bt_row + t // block_size, mask=tvalid, other=0).to(tl.int64)
+        blk = tl.load(bt_row + (t // block_size) * s_btc, mask=t < ctx, other=0).to(tl.int64)
         off = t % block_size
+    in_cache = _in_cache(blk, n_blocks, BLOCK_T)
+    tvalid = (t < ctx) & in_cache
     base = blk * blk_bytes + off * 128
     ks = tl.load(kvs_ptr + blk * blk_words + block_size * 32 + off, mask=tvalid, other=0.0)
     if KQ:
         kb = tl.load(kv_ptr + base[:, None] + d[None, :], mask=tvalid[:, None], other=0)
     else:
         kb = tl.load(kv_ptr + base[None, :] + d[:, None], mask=tvalid[None, :], other=0)
-    return kb, ks
+    return kb, ks, in_cache
 
 
 @triton.jit
-def _tile_out(kb, ks, q, w, t, ctx, q_pos, out_q, qmask, max_len, FNUZ: tl.constexpr, NQP: tl.constexpr,
+def _tile_out(kb, ks, q, w, t, ok, ctx, q_pos, out_q, qmask, max_len, FNUZ: tl.constexpr, NQP: tl.constexpr,
               HP: tl.constexpr, BLOCK_T: tl.constexpr, KQ: tl.constexpr, OPERAND: tl.constexpr,
               DOT_F32: tl.constexpr):
     """One tile: codes kb (as _load_tile), scales ks [BLOCK_T] (times kscale) -> logits stored at tokens t."""
@@ -168,7 +178,7 @@ def _tile_out(kb, ks, q, w, t, ctx, q_pos, out_q, qmask, max_len, FNUZ: tl.const
         s = _dot(k, q, DOT_F32)                                        # [BLOCK_T, ROWS] fp32
         s = tl.maximum(s, 0.0) * w[None, :]
         acc = _head_sum(s, NQP, HP, BLOCK_T) * ks[:, None]             # [BLOCK_T, NQP]
-        valid = (t < ctx)[:, None] & (t[:, None] <= q_pos[None, :])
+        valid = ((t < ctx) & ok)[:, None] & (t[:, None] <= q_pos[None, :])
         tl.store(out_q[None, :] + t[:, None], tl.where(valid, acc, float("-inf")),
                  mask=qmask[None, :] & (t < max_len)[:, None])
     else:
@@ -179,19 +189,22 @@ def _tile_out(kb, ks, q, w, t, ctx, q_pos, out_q, qmask, max_len, FNUZ: tl.const
         else:
             acc = tl.sum(tl.reshape(s, (NQP, HP, BLOCK_T)), 1)
         acc = acc * ks[None, :]                                        # [NQP, BLOCK_T]
-        valid = (t < ctx)[None, :] & (t[None, :] <= q_pos[:, None])
+        valid = ((t < ctx) & ok)[None, :] & (t[None, :] <= q_pos[:, None])
         tl.store(out_q[:, None] + t[None, :], tl.where(valid, acc, float("-inf")),
                  mask=qmask[:, None] & (t < max_len)[None, :])
 
 
 @triton.jit
 def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdesc,
-                   H, next_n, max_len, s_bt, s_out, block_size, blk_bytes, blk_words, tiles_per_prog,
+                   H, next_n, max_len, s_ctx, s_bt, s_btc, n_blocks, cover, s_out, block_size, blk_bytes,
+                   blk_words, tiles_per_prog,
                    kscale, FNUZ: tl.constexpr, NQP: tl.constexpr, HP: tl.constexpr, BLOCK_T: tl.constexpr,
                    ONE_BLOCK: tl.constexpr, KQ: tl.constexpr, OPERAND: tl.constexpr,
                    DOT_F32: tl.constexpr, KEYS: tl.constexpr):
     b = tl.program_id(0)
-    ctx = tl.load(ctx_ptr + b)
+    ctx = tl.load(ctx_ptr + b.to(tl.int64) * s_ctx)
+    # a context length outside [0, tokens the table row maps]: the sequence's rows are all -inf
+    ctx = tl.where((ctx >= 0) & (ctx <= cover), ctx, 0)
     rows = tl.arange(0, NQP * HP)                                  # row = query i * HP + head h
     qi = rows // HP
     h = rows % HP
@@ -218,34 +231,37 @@ def _logits_kernel(q_ptr, kv_ptr, kvs_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, kdes
     i = tl.arange(0, BLOCK_T)
     if KEYS >= 1:    # KQ and ONE_BLOCK: the table entry loaded one tile ahead (a loop-carried scalar)
         t0 = start * BLOCK_T
-        blk = tl.load(bt_row + t0 // block_size, mask=t0 < ctx, other=0)
+        blk = tl.load(bt_row + (t0 // block_size) * s_btc, mask=t0 < ctx, other=0)
         if KEYS == 2:
             ks_n = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + t0 % block_size + i,
-                           mask=t0 + i < ctx, other=0.0)
+                           mask=(t0 + i < ctx) & _in_cache(blk, n_blocks, BLOCK_T), other=0.0)
         for tile in range(start, busy_end):
             t0 = tile * BLOCK_T
-            blk_n = tl.load(bt_row + (t0 + BLOCK_T) // block_size, mask=t0 + BLOCK_T < ctx, other=0)
+            blk_n = tl.load(bt_row + ((t0 + BLOCK_T) // block_size) * s_btc, mask=t0 + BLOCK_T < ctx, other=0)
             off = t0 % block_size
+            # a block id outside the cache: nothing read, its tokens -inf
+            in_cache = _in_cache(blk, n_blocks, BLOCK_T)
             if KEYS == 2:    # scales of this tile were loaded last iteration; load the next tile's
                 ks = ks_n
                 t1 = t0 + BLOCK_T
                 ks_n = tl.load(kvs_ptr + blk_n.to(tl.int64) * blk_words + block_size * 32 + t1 % block_size + i,
-                               mask=t1 + i < ctx, other=0.0)
+                               mask=(t1 + i < ctx) & _in_cache(blk_n, n_blocks, BLOCK_T), other=0.0)
                 # TMA box [1, BLOCK_T, 128] at (block, offset, 0); tokens past ctx: -inf below
-                kb = tl.reshape(kdesc.load([blk, off, 0]), (BLOCK_T, 128))
+                kb = tl.reshape(kdesc.load([tl.where((blk >= 0) & (blk < n_blocks), blk, 0), off, 0]),
+                                (BLOCK_T, 128))
             else:
                 ks = tl.load(kvs_ptr + blk.to(tl.int64) * blk_words + block_size * 32 + off + i,
-                             mask=t0 + i < ctx, other=0.0)
+                             mask=(t0 + i < ctx) & in_cache, other=0.0)
                 kb = tl.load(kv_ptr + blk.to(tl.int64) * blk_bytes + (off + i)[:, None] * 128 + d[None, :],
-                             mask=(t0 + i < ctx)[:, None], other=0)
-            _tile_out(kb, ks * kscale, q, w, t0 + i, ctx, q_pos, out_q, qmask, max_len,
+                             mask=((t0 + i < ctx) & in_cache)[:, None], other=0)
+            _tile_out(kb, ks * kscale, q, w, t0 + i, in_cache, ctx, q_pos, out_q, qmask, max_len,
                       FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32)
             blk = blk_n
     else:
         for tile in range(start, busy_end):
-            kb, ks = _load_tile(kv_ptr, kvs_ptr, bt_row, tile * BLOCK_T, ctx, block_size, blk_bytes, blk_words,
-                                BLOCK_T, ONE_BLOCK, KQ)
-            _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, ctx, q_pos, out_q, qmask, max_len,
+            kb, ks, in_cache = _load_tile(kv_ptr, kvs_ptr, bt_row, s_btc, n_blocks, tile * BLOCK_T, ctx, block_size,
+                                          blk_bytes, blk_words, BLOCK_T, ONE_BLOCK, KQ)
+            _tile_out(kb, ks * kscale, q, w, tile * BLOCK_T + i, in_cache, ctx, q_pos, out_q, qmask, max_len,
                       FNUZ, NQP, HP, BLOCK_T, KQ, OPERAND, DOT_F32)
     for tile in range(busy_end, end):                              # past the context: -inf only
         t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -264,9 +280,7 @@ def fp8_paged_mqa_logits_triton_kq(q_fp8, kv_cache, weights, context_lens, block
 def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len, form="kq", **config):
     """The op by the `form` kernel ("kq" or "qk"); `config` overrides its launch_config (bench sweeps)."""
     B, next_n, H, D = q_fp8.shape
-    require(q_fp8.is_contiguous(), OP_LOGITS, "q_fp8 must be contiguous")
-    require(weights.is_contiguous(), OP_LOGITS, "weights must be contiguous")
-    require(block_tables.stride(1) == 1, OP_LOGITS, "block_tables must be contiguous along its rows")
+    q_fp8, weights = q_fp8.contiguous(), weights.contiguous()   # no copy when dense (the engine's case)
     require(form in ("kq", "qk"), OP_LOGITS, f"form must be 'kq' or 'qk', got {form!r}")
     plat = platform.current()
     fnuz = _fp8.DTYPE_FORMAT[q_fp8.dtype] == "e4m3fnuz"
@@ -311,7 +325,8 @@ def launch(q_fp8, kv_cache, weights, context_lens, block_tables, max_context_len
             kdesc = TensorDescriptor(kv, [kv.shape[0], block_size, 128], [kv.stride(0), 128, 1], [1, bt, 128])
     _logits_kernel[(B, triton.cdiv(n_tiles, tiles_per_prog))](
         q_fp8.view(torch.uint8), kv, kv.view(torch.float32), weights, context_lens, block_tables, out, kdesc,
-        H, next_n, max_context_len, block_tables.stride(0), out.stride(0), block_size, kv.shape[1],
+        H, next_n, max_context_len, context_lens.stride(0), *block_tables.stride(), kv.shape[0],
+        block_tables.shape[1] * block_size, out.stride(0), block_size, kv.shape[1],
         kv.shape[1] // 4, tiles_per_prog, kscale, FNUZ=fnuz, NQP=nqp, HP=hp, BLOCK_T=bt,
         ONE_BLOCK=block_size % bt == 0, KQ=form == "kq", OPERAND=operand, DOT_F32=interp,
         KEYS=KEYS[cfg["keys"]], **extra)

@@ -2,7 +2,8 @@
 
 Per token scale = max(amax, 1e-4) / FP8_MAX, codes = clamp(k / scale) in fp8, written into the
 paged indexer cache (layout: k_cache.py) at slot = block * block_size + offset; slot < 0
-(padding) is skipped. In place, returns None.
+(padding) is skipped, and so is a slot past the cache (checked mode, KERNELGATE_CHECKS=1,
+raises for it). In place, returns None.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from ... import checks
 from ...registry import GPU_TRITON, Case, declare
 from ..common import fp8 as _fp8
+from ..common import index_checks
 from .k_cache import HEAD_DIM, TOKEN_BYTES, cache_block_size, cache_blocks, check_cache, read_cache  # noqa: F401
 
 OP_STORE = "indexer_k_quant_and_cache"
@@ -20,7 +22,7 @@ OP_STORE = "indexer_k_quant_and_cache"
 def indexer_k_quant_and_cache_native(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):
     """Quantize keys per token to fp8 and write codes + fp32 scale into the paged cache."""
     kv = cache_blocks(kv_cache)
-    keep = slot_mapping >= 0
+    keep = (slot_mapping >= 0) & (slot_mapping < kv.shape[0] * block_size)
     slots = slot_mapping[keep].long()
     codes, scale = _fp8.quantize_rows(k[keep].float(), fp8_format)   # [n, 128], [n, 1]
     blk, off = slots // block_size, slots % block_size
@@ -41,6 +43,11 @@ def validate_store(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):
     checks.tensor(OP_STORE, "slot_mapping", slot_mapping, shape=(k.shape[0],),
                   dtype=(torch.int32, torch.int64), device=k.device)
     _fp8.check_format(OP_STORE, fp8_format)
+
+
+def check_store(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):
+    index_checks.ids_below(OP_STORE, "slot_mapping", slot_mapping, cache_blocks(kv_cache).shape[0] * block_size,
+                           "cache slots")
 
 
 def _store_case(T, num_blocks, bs, fmt="e4m3fn", pad=0):
@@ -88,7 +95,8 @@ def compare_cache(name, out, ref, dtype):
 
 
 indexer_k_quant_and_cache = declare(
-    OP_STORE, indexer_k_quant_and_cache_native, validate=validate_store, mutates=("kv_cache",),
+    OP_STORE, indexer_k_quant_and_cache_native, validate=validate_store, check_values=check_store,
+    mutates=("kv_cache",),
     compare_mutated=compare_cache, cases=store_cases, bench_cases=store_bench_cases)
 indexer_k_quant_and_cache.implementation(
     "triton", ".indexer_k_cache_triton:indexer_k_quant_and_cache_triton", provider="triton",

@@ -7,7 +7,6 @@ import triton
 import triton.language as tl
 
 from ... import platform
-from ...checks import require
 from ..common import fp8 as _fp8
 from .indexer_q_triton import _quant
 from .k_cache import cache_blocks
@@ -18,13 +17,13 @@ BLOCK_T = 16
 
 
 @triton.jit
-def _k_store_kernel(k_ptr, slot_ptr, kv_ptr, kvs_ptr, T, s_k, block_size, blk_bytes, fmax,
+def _k_store_kernel(k_ptr, slot_ptr, kv_ptr, kvs_ptr, T, s_k, s_kd, s_slot, n_slots, block_size, blk_bytes, fmax,
                     FNUZ: tl.constexpr, BLOCK_T: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.constexpr):
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
-    keep = slot >= 0                                             # slot < 0: padding, skip
+    slot = tl.load(slot_ptr + tok.to(tl.int64) * s_slot, mask=tok < T, other=-1).to(tl.int64)
+    keep = (slot >= 0) & (slot < n_slots)                        # slot < 0: padding; past the cache: skipped
     d = tl.arange(0, 128)
-    x = tl.load(k_ptr + tok.to(tl.int64)[:, None] * s_k + d[None, :], mask=keep[:, None], other=0.0)
+    x = tl.load(k_ptr + tok.to(tl.int64)[:, None] * s_k + d[None, :] * s_kd, mask=keep[:, None], other=0.0)
     x = x.to(tl.float32)
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-4), fmax)          # [BLOCK_T]
     sc = scale[:, None]
@@ -46,7 +45,6 @@ def launch_config(plat: platform.Platform, fp8_format: str = "e4m3fn") -> dict:
 
 
 def indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, block_size, fp8_format="e4m3fn"):
-    require(k.stride(-1) == 1, OP_STORE, f"k must be contiguous in its last dim, got strides {k.stride()}")
     T = k.shape[0]
     if T == 0:
         return None
@@ -54,7 +52,8 @@ def indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, block_size, fp8_
     _, fmax = _fp8.FORMATS[fp8_format]
     cfg = launch_config(platform.current(), fp8_format)
     _k_store_kernel[(triton.cdiv(T, BLOCK_T),)](
-        k, slot_mapping, kv, kv.view(torch.float32), T, k.stride(0), block_size, kv.shape[1], fmax,
+        k, slot_mapping, kv, kv.view(torch.float32), T, *k.stride(), slot_mapping.stride(0), kv.shape[0] * block_size,
+        block_size, kv.shape[1], fmax,
         FNUZ=fp8_format == "e4m3fnuz", BLOCK_T=BLOCK_T, num_warps=4,
         HW=cfg["hw_encode"], FAST_DIV=cfg["fast_div"])
     return None

@@ -17,6 +17,9 @@ variant "v32" (DeepSeek V3.2, head = [rope 64 | nope 64]): RoPE on dims 0..63 wi
   `rotate_activation` after RoPE in V3.2 too; engines that run it as a separate kernel
   call this op without it).
 
+A position outside [0, max_pos) (freqs_cis rows) gives that token zero codes and zero
+weights_out (it adds nothing to the logits); checked mode (KERNELGATE_CHECKS=1) raises.
+
 Then per (token, head): scale = max(amax, 1e-4) / FP8_MAX, q_fp8 = clamp(x / scale, +-FP8_MAX)
 in the chosen e4m3 format (FP8_MAX 448 for e4m3fn, 240 for ROCm's e4m3fnuz), and
 weights_out = weight * weight_scale * scale, so that indexer logits computed on the fp8
@@ -31,6 +34,7 @@ import torch
 from ... import checks
 from ...registry import GPU_TRITON, Case, declare
 from ..common import fp8 as _fp8
+from ..common import index_checks
 from .hadamard import sylvester_hadamard
 
 OP = "fused_q_indexer_rope_hadamard_quant"
@@ -42,7 +46,8 @@ VARIANTS = ("v4", "v32")
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor, positions: torch.Tensor, variant: str) -> torch.Tensor:
     """x fp32 [B, H, 128] -> RoPE'd copy (real arithmetic, written as the complex product
     (a + ib) * (cos + i sin) of each pair)."""
-    cs = torch.view_as_real(freqs_cis[positions.long()])           # [B, 32, 2]
+    p = positions.long()
+    cs = torch.view_as_real(freqs_cis[torch.where((p >= 0) & (p < freqs_cis.shape[0]), p, 0)])  # [B, 32, 2]
     cos, sin = cs[..., 0].unsqueeze(1), cs[..., 1].unsqueeze(1)     # [B, 1, 32]
     x = x.clone()
     if variant == "v4":
@@ -61,11 +66,13 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor, positions: torch.Tensor
 def indexer_q_native(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn",
                      hadamard=None):
     """Indexer query RoPE (+ Hadamard) + per-(token, head) FP8 quantization; fp32 math."""
+    ok = ((positions >= 0) & (positions < freqs_cis.shape[0]))[:, None, None]     # [B, 1, 1]
     x = apply_rope(q.float(), freqs_cis, positions, variant)
     if (variant == "v4") if hadamard is None else hadamard:
         x = (x @ sylvester_hadamard(HEAD_DIM, x.device)) * (1.0 / math.sqrt(HEAD_DIM))
+    x = torch.where(ok, x, 0.0)                  # a position outside freqs_cis: zero codes and weight
     q_fp8, scale = _fp8.quantize_rows(x, fp8_format)
-    weights_out = weight.float().unsqueeze(-1) * weight_scale * scale
+    weights_out = torch.where(ok, weight.float().unsqueeze(-1) * weight_scale * scale, 0.0)
     return q_fp8, weights_out
 
 
@@ -83,6 +90,10 @@ def validate(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_fo
     checks.require(variant in VARIANTS, OP, f"variant {variant!r} not in {VARIANTS}")
     _fp8.check_format(OP, fp8_format)
     checks.require(hadamard in (None, True, False), OP, f"hadamard must be None or a bool, got {hadamard!r}")
+
+
+def check_values(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn", hadamard=None):
+    index_checks.ids_below(OP, "positions", positions, freqs_cis.shape[0], "rows of freqs_cis", negative_ok=False)
 
 
 def compare(out, ref, dtype, inputs):
@@ -146,7 +157,7 @@ def bench_cases():
 
 
 fused_q_indexer_rope_hadamard_quant = declare(
-    OP, indexer_q_native, validate=validate, cases=cases, bench_cases=bench_cases, compare=compare)
+    OP, indexer_q_native, validate=validate, check_values=check_values, cases=cases, bench_cases=bench_cases, compare=compare)
 
 # Two kernels: the token-major one with the Hadamard on two lanes (the NVIDIA winner, 0.75 of the
 # byte floor on the H200 for v4) and the row-major portable one (bf16x3 MMA Hadamard), which every

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ..common import fp8 as _fp8
-from .indexer_q_triton import _quant, _rope_pair, check_args
+from .indexer_q_triton import _quant, _rope_pair, dense_freqs
 
 NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128)
 MAXNREG_V4 = 80   # registers per thread for v4 on NVIDIA: 6 programs per SM on the H200 (96: 5)
@@ -120,8 +120,8 @@ def _rope_il(x, c, s, R: tl.constexpr):
 
 
 @triton.jit
-def _ld(base, K: tl.constexpr, m2):
-    return tl.load(base + K * 32 + tl.arange(0, 32)[None, :], mask=m2, other=0.0).to(tl.float32)
+def _ld(base, K: tl.constexpr, m2, s_qd):
+    return tl.load(base + (K * 32 + tl.arange(0, 32)[None, :]) * s_qd, mask=m2, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -137,7 +137,7 @@ def _amax(x):
 
 @triton.jit
 def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
-                          B, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
+                          B, H, s_qb, s_qh, s_qd, s_wb, s_wh, s_pos, max_pos, weight_scale, fmax,
                           V4: tl.constexpr, HADAMARD: tl.constexpr, FNUZ: tl.constexpr,
                           HW_ENCODE: tl.constexpr, TOK: tl.constexpr, HB: tl.constexpr):
     R: tl.constexpr = TOK * HB
@@ -146,14 +146,19 @@ def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
     tok = tl.program_id(0) * TOK + r // HB
     head = tl.program_id(1) * HB + r % HB
     rmask = (tok < B) & (head < H)
-    m2 = rmask[:, None]
+    # a position outside freqs_cis: that token's rows are zeros (codes 0, weight 0); row 0 of the
+    # table is read in its place and never used
+    pos_r = tl.load(pos_ptr + tok.to(tl.int64) * s_pos, mask=rmask, other=0).to(tl.int64)
+    ok = rmask & (pos_r >= 0) & (pos_r < max_pos)
+    m2 = ok[:, None]
     base = (q_ptr + tok.to(tl.int64) * s_qb + head * s_qh)[:, None]
     out = (qo_ptr + (tok.to(tl.int64) * H + head) * 128)[:, None]
-    pos = tl.load(pos_ptr + toks, mask=toks < B, other=0).to(tl.int64)
-    x0 = _ld(base, 0, m2)
-    x1 = _ld(base, 1, m2)
-    x2 = _ld(base, 2, m2)
-    x3 = _ld(base, 3, m2)
+    pos = tl.load(pos_ptr + toks.to(tl.int64) * s_pos, mask=toks < B, other=0).to(tl.int64)
+    pos = tl.where((pos >= 0) & (pos < max_pos), pos, 0)
+    x0 = _ld(base, 0, m2, s_qd)
+    x1 = _ld(base, 1, m2, s_qd)
+    x2 = _ld(base, 2, m2, s_qd)
+    x3 = _ld(base, 3, m2, s_qd)
     if V4:
         c, s = _freqs(f_ptr, pos, 0, 16, TOK, HB)
         x2 = _rope_il(x2, c, s, R)
@@ -179,11 +184,12 @@ def _indexer_q_tok_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
     inv = tl.math.div_rn(tl.full((R, 1), 1.0, tl.float32), sc)
     if HADAMARD:   # x * (NORM / scale): one multiply per value
         inv = inv * NORM
-    _st(out, 0, x0, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
-    _st(out, 1, x1, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
-    _st(out, 2, x2, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
-    _st(out, 3, x3, inv, sc, fmax, m2, FNUZ, HW_ENCODE)
-    w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=rmask, other=0.0).to(tl.float32)
+    ms = rmask[:, None]
+    _st(out, 0, x0, inv, sc, fmax, ms, FNUZ, HW_ENCODE)
+    _st(out, 1, x1, inv, sc, fmax, ms, FNUZ, HW_ENCODE)
+    _st(out, 2, x2, inv, sc, fmax, ms, FNUZ, HW_ENCODE)
+    _st(out, 3, x3, inv, sc, fmax, ms, FNUZ, HW_ENCODE)
+    w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=ok, other=0.0).to(tl.float32)
     tl.store(wo_ptr + tok * H + head, w * weight_scale * scale, mask=rmask)
 
 
@@ -197,7 +203,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     """The op; `config` overrides launch_config's choices (tok, num_warps, maxnreg, hw_encode)
     for bench sweeps. Grid: (token blocks, head blocks)."""
     B, H, D = q.shape
-    check_args(q, freqs_cis)
+    freqs_cis = dense_freqs(freqs_cis)
     plat = platform.current()
     cfg = {**launch_config(plat, variant, fp8_format), **config}
     dtype, fmax = _fp8.FORMATS[fp8_format]
@@ -212,7 +218,8 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
         extra["maxnreg"] = cfg["maxnreg"]
     _indexer_q_tok_kernel[(triton.cdiv(B, tok), triton.cdiv(H, hb))](
         q, weight, torch.view_as_real(freqs_cis), positions, q_fp8.view(torch.uint8), w_out,
-        B, H, q.stride(0), q.stride(1), weight.stride(0), weight.stride(1), float(weight_scale), fmax,
+        B, H, *q.stride(), weight.stride(0), weight.stride(1), positions.stride(0), freqs_cis.shape[0],
+        float(weight_scale), fmax,
         V4=variant == "v4", HADAMARD=(variant == "v4") if hadamard is None else hadamard,
         FNUZ=fp8_format == "e4m3fnuz", HW_ENCODE=bool(cfg["hw_encode"]),
         TOK=tok, HB=hb, **extra)

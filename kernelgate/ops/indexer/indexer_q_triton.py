@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
-from ...checks import require
 from ...triton_utils import autotune_or_fixed
 from ..common import fp8 as _fp8
 from ..common.fp8_triton import encode_e4m3
@@ -93,7 +92,7 @@ def _quant(x, inv, sc, fmax, FNUZ: tl.constexpr, HW: tl.constexpr, FAST_DIV: tl.
 
 @triton.jit
 def _indexer_q_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
-                      n_rows, H, s_qb, s_qh, s_wb, s_wh, weight_scale, fmax,
+                      n_rows, H, s_qb, s_qh, s_qd, s_wb, s_wh, s_pos, max_pos, weight_scale, fmax,
                       V4: tl.constexpr, HADAMARD: tl.constexpr, FNUZ: tl.constexpr,
                       DOT_F32: tl.constexpr, BLOCK_R: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)       # [R] = token * H + head
@@ -101,14 +100,16 @@ def _indexer_q_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
     tok = rows // H
     head = rows % H
     cols = tl.arange(0, 32)
+    pos = tl.load(pos_ptr + tok.to(tl.int64) * s_pos, mask=rmask, other=0).to(tl.int64)
+    ok = rmask & (pos >= 0) & (pos < max_pos)     # a position outside freqs_cis: zero codes and weight
     base = (q_ptr + tok.to(tl.int64) * s_qb + head * s_qh)[:, None]  # [R, 1]
-    m2 = rmask[:, None]
-    x0 = tl.load(base + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    x1 = tl.load(base + 32 + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    x2 = tl.load(base + 64 + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    x3 = tl.load(base + 96 + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    m2 = ok[:, None]
+    x0 = tl.load(base + cols[None, :] * s_qd, mask=m2, other=0.0).to(tl.float32)
+    x1 = tl.load(base + (32 + cols[None, :]) * s_qd, mask=m2, other=0.0).to(tl.float32)
+    x2 = tl.load(base + (64 + cols[None, :]) * s_qd, mask=m2, other=0.0).to(tl.float32)
+    x3 = tl.load(base + (96 + cols[None, :]) * s_qd, mask=m2, other=0.0).to(tl.float32)
     # freqs_cis viewed as real: [max_pos, 32, 2] fp32 = 64 floats (cos, sin interleaved) per position
-    fbase = (f_ptr + tl.load(pos_ptr + tok, mask=rmask, other=0).to(tl.int64) * 64)[:, None]
+    fbase = (f_ptr + tl.where(ok, pos, 0) * 64)[:, None]
     if V4:
         x2 = _rope_interleaved(x2, fbase + cols[None, :], m2, BLOCK_R)
         x3 = _rope_interleaved(x3, fbase + 32 + cols[None, :], m2, BLOCK_R)
@@ -132,11 +133,12 @@ def _indexer_q_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, h_ptr, qo_ptr, wo_ptr,
     scale = tl.maximum(amax, 1e-4) / fmax                          # [R]
     sc = scale[:, None]
     out = (qo_ptr + rows.to(tl.int64) * 128)[:, None] + cols[None, :]
-    tl.store(out, _quant(x0, sc, sc, fmax, FNUZ, False, False), mask=m2)
-    tl.store(out + 32, _quant(x1, sc, sc, fmax, FNUZ, False, False), mask=m2)
-    tl.store(out + 64, _quant(x2, sc, sc, fmax, FNUZ, False, False), mask=m2)
-    tl.store(out + 96, _quant(x3, sc, sc, fmax, FNUZ, False, False), mask=m2)
-    w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=rmask, other=0.0).to(tl.float32)
+    ms = rmask[:, None]
+    tl.store(out, _quant(x0, sc, sc, fmax, FNUZ, False, False), mask=ms)
+    tl.store(out + 32, _quant(x1, sc, sc, fmax, FNUZ, False, False), mask=ms)
+    tl.store(out + 64, _quant(x2, sc, sc, fmax, FNUZ, False, False), mask=ms)
+    tl.store(out + 96, _quant(x3, sc, sc, fmax, FNUZ, False, False), mask=ms)
+    w = tl.load(w_ptr + tok * s_wb + head * s_wh, mask=ok, other=0.0).to(tl.float32)
     tl.store(wo_ptr + rows, w * weight_scale * scale, mask=rmask)
 
 
@@ -152,9 +154,9 @@ def hadamard_matrix(device, n: int = 32) -> torch.Tensor:
     return _H32[key]
 
 
-def check_args(q, freqs_cis):
-    require(q.stride(-1) == 1, OP, f"q must be contiguous in the head dim, got strides {q.stride()}")
-    require(freqs_cis.is_contiguous(), OP, "freqs_cis must be contiguous")
+def dense_freqs(freqs_cis):
+    """freqs_cis as the kernels address it ([max_pos, 32] complex, contiguous; a copy otherwise)."""
+    return freqs_cis if freqs_cis.is_contiguous() else freqs_cis.contiguous()
 
 
 def indexer_q_triton(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn",
@@ -166,7 +168,7 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
            **config):
     """The op; `config` overrides launch_config's choices (block_r, num_warps) for bench sweeps."""
     B, H, D = q.shape
-    check_args(q, freqs_cis)
+    freqs_cis = dense_freqs(freqs_cis)
     cfg = {**launch_config(platform.current()), "num_warps": None, **config}
     dtype, fmax = _fp8.FORMATS[fp8_format]
     q_fp8 = alloc.empty((B, H, D), dtype, q.device)
@@ -177,8 +179,8 @@ def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_form
     meta = dict(V4=variant == "v4", HADAMARD=(variant == "v4") if hadamard is None else hadamard,
                 FNUZ=fp8_format == "e4m3fnuz", DOT_F32=bool(cfg["dot_f32"]))
     args = (q, weight, torch.view_as_real(freqs_cis), positions, hadamard_matrix(q.device),
-            q_fp8.view(torch.uint8), w_out, n_rows, H, q.stride(0), q.stride(1),
-            weight.stride(0), weight.stride(1), float(weight_scale), fmax)
+            q_fp8.view(torch.uint8), w_out, n_rows, H, *q.stride(),
+            weight.stride(0), weight.stride(1), positions.stride(0), freqs_cis.shape[0], float(weight_scale), fmax)
     if cfg["block_r"] is None:
         _tuned[lambda m: (triton.cdiv(n_rows, m["BLOCK_R"]),)](*args, **meta)
     else:

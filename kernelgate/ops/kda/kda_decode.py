@@ -8,7 +8,9 @@ with q, k L2-normalised. The packed form takes the short-conv output q|k|v, the 
 input f (pre dt_bias) and raw beta logits b, and does gate, sigmoid, L2 norm, update and
 output in one step: the runtime always calls it for decode and the registry picks the fused
 Triton kernel, the `chain` of registry ops, or native. slot < 0: output zeros, no state read
-or written; other slots of the pool are left bit-identical. Slots in one call must differ.
+or written; other slots of the pool are left bit-identical. A slot >= the pool size is
+skipped the same way (checked mode, KERNELGATE_CHECKS=1, raises instead). Slots in one call
+must differ (checked mode raises).
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import torch
 
 from ... import checks
 from ...registry import ALL_PLATFORMS, GPU_TRITON, Case, declare
+from ..common import index_checks
 from .kda_gate import kda_gate_native
 from .kda_prefill import INDEX, l2norm
-from .state_layout import layout_reason
 
 OP, PACKED = "kda_decode", "kda_packed_decode"
 
@@ -27,9 +29,10 @@ def kda_decode_native(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True
     """One KDA recurrent step for N sequences; state updated in place at slots."""
     N, H, K = q.shape
     scale = K ** -0.5 if scale is None else scale
-    valid = slots >= 0
-    idx = slots.clamp(min=0).long()
-    S = state[idx].float()                                                 # [N, H, K, V]
+    pool = state.shape[0]
+    valid = (slots >= 0) & (slots < pool)                                  # others: skipped, o = 0
+    idx = torch.where(valid, slots, 0).long()
+    S = state[idx].float() if pool else state.new_zeros(N, H, K, v.shape[-1])   # [N, H, K, V]
     qf, kf = q.float(), k.float()
     if qk_l2norm:
         qf, kf = l2norm(qf), l2norm(kf)
@@ -44,8 +47,9 @@ def kda_decode_native(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True
 def unpack(qkv, num_heads, head_k_dim):
     """qkv [N, 2HK + HV] -> q, k [N, H, K], v [N, H, V] (views)."""
     N, H, K = qkv.shape[0], num_heads, head_k_dim
-    q, k, v = qkv.split([H * K, H * K, qkv.shape[1] - 2 * H * K], dim=1)
-    return q.view(N, H, K), k.view(N, H, K), v.view(N, H, -1)
+    HV = qkv.shape[1] - 2 * H * K
+    q, k, v = qkv.split([H * K, H * K, HV], dim=1)
+    return q.view(N, H, K), k.view(N, H, K), v.view(N, H, HV // H)     # (N may be 0: no -1)
 
 
 def kda_packed_decode_native(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim,
@@ -65,18 +69,20 @@ def kda_packed_decode_chain(qkv, f, b, A_log, dt_bias, state, slots, num_heads, 
     return kda_decode(q, k, v, g, torch.sigmoid(b.float()), state, slots, scale, True)
 
 
-def _triton_decode_ok(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
-    K, V = q.shape[-1], v.shape[-1]
-    return layout_reason(state, ("q", q, K), ("k", k, K), ("v", v, V), ("g", g, K), ("beta", beta, 1))
-
-
-def _triton_packed_ok(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim, scale=None,
-                      lower_bound=None):
-    return layout_reason(state, ("qkv", qkv, 1), ("f", f, 1), ("b", b, 1), ("A_log", A_log, 1),
-                         ("dt_bias", dt_bias, 1))
-
-
 # -- validation --------------------------------------------------------------------------
+def _scale_ok(op, scale):
+    checks.require(scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                     and scale > 0), op, f"scale must be None or a number > 0, got {scale!r}")
+
+
+def check_values(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
+    index_checks.slots(OP, "slots", slots, state.shape[0])
+
+
+def check_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim, scale=None, lower_bound=None):
+    index_checks.slots(PACKED, "slots", slots, state.shape[0])
+
+
 def validate(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     checks.tensor(OP, "q", q, ndim=3, dtype=checks.FLOATS)
     N, H, K = q.shape
@@ -87,7 +93,8 @@ def validate(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     checks.tensor(OP, "beta", beta, shape=(N, H), dtype=checks.FLOATS, device=dev)
     checks.tensor(OP, "state", state, shape=(None, H, K, v.shape[2]), dtype=torch.float32, device=dev)
     checks.tensor(OP, "slots", slots, shape=(N,), dtype=INDEX, device=dev)
-    checks.require(scale is None or scale > 0, OP, f"scale must be > 0, got {scale}")
+    _scale_ok(OP, scale)
+    checks.require(isinstance(qk_l2norm, bool), OP, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
 
 
 def validate_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim, scale=None,
@@ -95,8 +102,9 @@ def validate_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_d
     checks.tensor(PACKED, "qkv", qkv, ndim=2, dtype=checks.FLOATS)
     N, H, K = qkv.shape[0], num_heads, head_k_dim
     dev = qkv.device
-    checks.require(isinstance(H, int) and isinstance(K, int) and H > 0 and K > 0, PACKED,
-                   f"num_heads {H} and head_k_dim {K} must be positive ints")
+    for name, n in (("num_heads", H), ("head_k_dim", K)):
+        checks.require(isinstance(n, int) and not isinstance(n, bool) and n > 0, PACKED,
+                       f"{name} must be a positive int, got {n!r}")
     rest = qkv.shape[1] - 2 * H * K
     checks.require(rest > 0 and rest % H == 0, PACKED,
                    f"qkv width {qkv.shape[1]} != 2*{H}*{K} + {H}*V for some V > 0")
@@ -107,9 +115,9 @@ def validate_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_d
     checks.tensor(PACKED, "dt_bias", dt_bias, shape=(H * K,), dtype=checks.FLOATS, device=dev, optional=True)
     checks.tensor(PACKED, "state", state, shape=(None, H, K, V), dtype=torch.float32, device=dev)
     checks.tensor(PACKED, "slots", slots, shape=(N,), dtype=INDEX, device=dev)
-    checks.require(scale is None or scale > 0, PACKED, f"scale must be > 0, got {scale}")
-    if lower_bound is not None:
-        checks.require(-5.0 <= float(lower_bound) < 0.0, PACKED, f"lower_bound {lower_bound} not in [-5, 0)")
+    _scale_ok(PACKED, scale)
+    checks.require(lower_bound is None or (isinstance(lower_bound, (int, float)) and -5.0 <= lower_bound < 0.0),
+                   PACKED, f"lower_bound {lower_bound!r} not None or a number in [-5, 0)")
 
 
 # -- cases ---------------------------------------------------------------------------------
@@ -169,20 +177,21 @@ def packed_bench_cases():
     return [Case(f"N{n}-H{H}-K{K}-V{V}", make(n), dtypes=(torch.bfloat16,), bytes=nbytes) for n in (1, 32, 256)]
 
 
-kda_decode = declare(OP, kda_decode_native, validate=validate, cases=decode_cases, mutates=("state",),
+kda_decode = declare(OP, kda_decode_native, validate=validate, check_values=check_values, cases=decode_cases,
+                     mutates=("state",),
                      rtol={torch.float32: 1e-5, torch.bfloat16: 1e-2})
 
-kda_packed_decode = declare(PACKED, kda_packed_decode_native, validate=validate_packed, cases=packed_cases,
+kda_packed_decode = declare(PACKED, kda_packed_decode_native, validate=validate_packed, check_values=check_packed,
+                            cases=packed_cases,
                             bench_cases=packed_bench_cases, mutates=("state",))
 kda_decode.implementation("triton", ".kda_decode_triton:kda_decode", provider="triton",
-                          platforms=GPU_TRITON, requires=("triton",), supports=_triton_decode_ok, priority=10,
+                          platforms=GPU_TRITON, requires=("triton",), priority=10,
                           doc="portable Triton step, grid (sequence, head, V-block), state updated in place")
 kda_decode.implementation("fla", ".kda_fla:fused_recurrent_decode", provider="fla",
                           platforms=GPU_TRITON, requires=("fla", "triton-compiled"), priority=5,
                           doc="fla fused_recurrent_kda on the gathered valid slots")
 
 kda_packed_decode.implementation("triton", ".kda_decode_triton:kda_packed_decode", provider="triton",
-                                 platforms=GPU_TRITON, requires=("triton",), supports=_triton_packed_ok,
-                                 priority=10, doc="one fused Triton kernel: gate, beta, L2 norm, update, output")
+                                 platforms=GPU_TRITON, requires=("triton",), priority=10, doc="one fused Triton kernel: gate, beta, L2 norm, update, output")
 kda_packed_decode.implementation("chain", kda_packed_decode_chain, provider="native", platforms=ALL_PLATFORMS,
                                  priority=5, doc="kda_gate + kda_decode through the registry")

@@ -2,7 +2,8 @@
 
 fla keeps one state per sequence of the call ([N, H, K, V], K-first like our pool), so the
 wrappers gather the initial states from the slot pool and scatter the final states back.
-Sequences with slot < 0 (or no tokens) are dropped before the call; their outputs are zeros.
+Sequences with slot < 0 or >= the pool size, no tokens or out-of-range bounds are dropped
+before the call; their outputs are zeros.
 """
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import torch
 from ... import alloc
 
 
-def _kept(slots, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None):
+def _kept(slots, pool, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None, total=0):
     """(indices of the sequences that run, slot list, bounds list or None), all host lists.
-    From the host hints when given; else a device->host copy (a sync on GPUs)."""
+    From the host hints when given; else a device->host copy (a sync on GPUs). A sequence
+    runs when its slot is in [0, pool) and its rows are a non-empty range inside [0, total)."""
     sl = (slots if slots_cpu is None else slots_cpu).tolist()
     if cu_seqlens is None:
-        return [n for n, s in enumerate(sl) if s >= 0], sl, None
+        return [n for n, s in enumerate(sl) if 0 <= s < pool], sl, None
     cu = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
-    return [n for n, s in enumerate(sl) if s >= 0 and cu[n + 1] > cu[n]], sl, cu
+    return [n for n, s in enumerate(sl) if 0 <= s < pool and 0 <= cu[n] < cu[n + 1] <= total], sl, cu
 
 
 _LONG: dict = {}
@@ -46,9 +48,11 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
     the others are compacted ([Tk] index `tok`), run, and scattered back into zeros."""
     from fla.ops.kda import chunk_kda
 
-    kept, sl, cu = _kept(slots, cu_seqlens, slots_cpu, cu_seqlens_cpu)
+    kept, sl, cu = _kept(slots, state.shape[0], cu_seqlens, slots_cpu, cu_seqlens_cpu, q.shape[0])
     N = len(sl)
-    if len(kept) == N:
+    # every sequence runs and together they cover [0, T) (kept ranges are non-decreasing)
+    whole = len(kept) == N and cu[0] == 0 and cu[-1] == q.shape[0]
+    if whole:
         run_cu = _long(cu_seqlens)
         run_cu_cpu = torch.tensor(cu, dtype=torch.long) if cu_seqlens_cpu is None else _long(cu_seqlens_cpu)
         idx = slots.long()
@@ -68,7 +72,7 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
                       initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm,
                       cu_seqlens=run_cu, cu_seqlens_cpu=run_cu_cpu)
     state.index_copy_(0, idx, ht.float())
-    if len(kept) == N:
+    if whole:
         return o[0]
     return torch.zeros(v.shape, dtype=v.dtype, device=v.device).index_copy_(0, tok, o[0])
 
@@ -78,7 +82,7 @@ def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm
     from fla.ops.kda import fused_recurrent_kda
 
     N = q.shape[0]
-    kept, _, _ = _kept(slots)
+    kept, _, _ = _kept(slots, state.shape[0])
     o = alloc.empty(v.shape, v.dtype, v.device)
     if len(kept) < N:
         o.zero_()

@@ -19,7 +19,8 @@ OP = "kda_gate"
 def kda_gate_native(f, A_log, dt_bias, lower_bound=None):
     """KDA gate reference: fp32 [T, H, K] log-space decay."""
     H = A_log.shape[0]
-    x = f.float().reshape(f.shape[0], H, -1)                 # [T, H, K]
+    HK = f.shape[1] * (f.shape[2] if f.dim() == 3 else 1)
+    x = f.float().reshape(f.shape[0], H, HK // H)            # [T, H, K] (T may be 0)
     if dt_bias is not None:
         x = x + dt_bias.float().view(H, -1)
     a = A_log.float().exp().view(H, 1)                       # [H, 1]
@@ -37,8 +38,8 @@ def validate(f, A_log, dt_bias, lower_bound=None):
         checks.require(f.shape[1] == H, OP, f"f has {f.shape[1]} heads, A_log has {H}")
     checks.require(H > 0 and HK % H == 0, OP, f"f width {HK} is not a multiple of num heads {H} (A_log)")
     checks.tensor(OP, "dt_bias", dt_bias, shape=(HK,), dtype=checks.FLOATS, device=f.device, optional=True)
-    if lower_bound is not None:
-        checks.require(-5.0 <= float(lower_bound) < 0.0, OP, f"lower_bound {lower_bound} not in [-5, 0)")
+    checks.require(lower_bound is None or (isinstance(lower_bound, (int, float)) and -5.0 <= lower_bound < 0.0),
+                   OP, f"lower_bound {lower_bound!r} not None or a number in [-5, 0)")
 
 
 def _case(T, H, K, lb=None, flat=True, bias=True):
@@ -55,7 +56,7 @@ def _case(T, H, K, lb=None, flat=True, bias=True):
 
 
 def cases():
-    return [_case(1, 2, 16), _case(63, 3, 60, flat=False), _case(65, 4, 32, lb=-5.0),
+    return [_case(1, 2, 16), _case(0, 2, 16), _case(63, 3, 60, flat=False), _case(65, 4, 32, lb=-5.0),
             _case(17, 2, 128, lb=-1.5, bias=False)]
 
 

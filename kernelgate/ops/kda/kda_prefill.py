@@ -5,7 +5,11 @@ Per head, state S [K, V] fp32, per token t (g log-space decay, beta already sigm
 q, k L2-normalised first (`x / sqrt(sum x^2 + 1e-6)`) when qk_l2norm. Sequences are packed
 along dim 0 (`cu_seqlens` [N+1]); sequence n starts from `state[slots[n]]` and its final
 state is written back there. slot < 0: skipped, its outputs are zeros and no state is
-read or written. Output in v's dtype.
+read or written. Out-of-range values are skipped the same way: a slot >= the pool size, a
+sequence whose bounds are not 0 <= cu_seqlens[n] <= cu_seqlens[n+1] <= T; rows no sequence
+runs are zeros. Checked mode (KERNELGATE_CHECKS=1) raises instead (slots in range and
+distinct, cu_seqlens from 0, non-decreasing, ending at T, host hints equal to the device
+values). Output in v's dtype.
 
 Host hints (keyword-only, optional): `cu_seqlens_cpu` [N+1] and `slots_cpu` [N], CPU int
 tensors holding the same values as `cu_seqlens` / `slots`. A caller that already knows the
@@ -29,7 +33,8 @@ import torch.nn.functional as F
 
 from ... import checks
 from ...registry import GPU_TRITON, Case, declare
-from ..common.varlen import INDEX, host_hints, validate_host_hint  # noqa: F401
+from ..common import index_checks
+from ..common.varlen import INDEX, host_hints, seq_range, validate_host_hint  # noqa: F401
 
 OP = "kda_prefill"
 CHUNK = 64
@@ -141,11 +146,13 @@ def kda_prefill_native(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, q
     """KDA varlen prefill reference (chunked matrix form); state updated in place at slots."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    T, pool = q.shape[0], state.shape[0]
     bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
     for n, slot in enumerate((slots if slots_cpu is None else slots_cpu).tolist()):
-        s, e = bounds[n], bounds[n + 1]
-        if slot < 0 or e == s:
+        rows = seq_range(bounds, n, T)
+        if not 0 <= slot < pool or rows is None or rows[0] == rows[1]:
             continue
+        s, e = rows
         out, S = kda_chunked(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], state[slot], scale, qk_l2norm)
         o[s:e] = out.to(v.dtype)
         state[slot] = S
@@ -165,9 +172,19 @@ def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=T
     checks.tensor(OP, "cu_seqlens", cu_seqlens, ndim=1, dtype=INDEX, device=dev)
     checks.require(cu_seqlens.shape[0] >= 2, OP, "cu_seqlens needs N+1 >= 2 entries")
     checks.tensor(OP, "slots", slots, shape=(cu_seqlens.shape[0] - 1,), dtype=INDEX, device=dev)
-    checks.require(scale is None or scale > 0, OP, f"scale must be > 0, got {scale}")
+    checks.require(scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                     and scale > 0), OP, f"scale must be None or a number > 0, got {scale!r}")
+    checks.require(isinstance(qk_l2norm, bool), OP, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
     validate_host_hint(OP, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
     validate_host_hint(OP, "slots_cpu", slots_cpu, slots)
+
+
+def check_values(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
+                 cu_seqlens_cpu=None, slots_cpu=None):
+    index_checks.cu_seqlens(OP, cu_seqlens, q.shape[0])
+    index_checks.hint(OP, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
+    index_checks.slots(OP, "slots", slots, state.shape[0])
+    index_checks.hint(OP, "slots_cpu", slots_cpu, slots)
 
 
 # -- parity cases -------------------------------------------------------------------------
@@ -211,7 +228,8 @@ def bench_cases():
             for ls in ([8192], [2048] * 4)]
 
 
-kda_prefill = declare(OP, kda_prefill_native, validate=validate, cases=cases, bench_cases=bench_cases,
+kda_prefill = declare(OP, kda_prefill_native, validate=validate, check_values=check_values, cases=cases,
+                      bench_cases=bench_cases,
                       mutates=("state",), rtol={torch.float32: 1e-4, torch.bfloat16: 2e-2})
 kda_prefill.implementation("fla", ".kda_fla:chunk_prefill", provider="fla", platforms=GPU_TRITON,
                            requires=("fla", "triton-compiled"), priority=10,

@@ -5,8 +5,10 @@
 Weights use HF transformers' fused layout (DeepseekV3Experts / KimiLinearExperts):
 w_gate_up[E, 2I, D] with gate = rows [0, I) and up = rows [I, 2I); w_down[E, D, I].
 `swiglu_limit` L (DeepSeek V4): gate.clamp(max=L), up.clamp(-L, L) before the product.
-Ids outside [0, E) (negative, or experts living on another rank) are skipped: that pair
-adds nothing. Math in fp32, output in x's dtype.
+Negative ids are skipped (-1: no expert here, e.g. one living on another rank): that pair
+adds nothing. Ids >= E are skipped the same way, and checked mode (KERNELGATE_CHECKS=1)
+raises for them (an id past the weights is a routing / weight mismatch). Math in fp32,
+output in x's dtype.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 
 from ... import checks, platform
 from ...registry import GPU_TRITON, Case, declare
+from ..common import index_checks
 
 OP = "fused_experts"
 ACTIVATIONS = ("silu",)
@@ -78,8 +81,13 @@ def validate(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", sw
     checks.tensor(OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(T, k), device=x.device)
     checks.require(activation in ACTIVATIONS, OP, f"activation {activation!r} not in {ACTIVATIONS}")
     if swiglu_limit is not None:
-        checks.require(isinstance(swiglu_limit, (int, float)) and swiglu_limit > 0, OP,
+        checks.require(isinstance(swiglu_limit, (int, float)) and not isinstance(swiglu_limit, bool)
+                       and swiglu_limit > 0, OP,
                        f"swiglu_limit must be None or a number > 0, got {swiglu_limit!r}")
+
+
+def check_values(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None):
+    index_checks.ids_below(OP, "topk_ids", topk_ids, w_down.shape[0], "expert ids")
 
 
 # -- torch._grouped_mm: PyTorch's grouped GEMM (CUTLASS on sm90, a loop elsewhere) -------------
@@ -204,7 +212,8 @@ def bench_cases():
     return [Case(f"kimi-T{T}", make(T), dtypes=(torch.bfloat16,), bytes=_bytes) for T in (1, 4, 16, 64, 512)]
 
 
-fused_experts = declare(OP, fused_experts_native, validate=validate, cases=cases, bench_cases=bench_cases,
+fused_experts = declare(OP, fused_experts_native, validate=validate, check_values=check_values, cases=cases,
+                        bench_cases=bench_cases,
                         rtol={torch.bfloat16: 2e-2})
 
 fused_experts.implementation(

@@ -47,7 +47,8 @@ def _count_kernel(ids_ptr, hist_ptr, rank_ptr, run_ptr, P, E,
                   E_TILE: tl.constexpr, SINGLE: tl.constexpr):
     c = tl.program_id(0)
     p = c * CHUNK + tl.arange(0, CHUNK)
-    ids = tl.load(ids_ptr + p, mask=p < P, other=-1).to(tl.int32)
+    raw = tl.load(ids_ptr + p, mask=p < P, other=-1)
+    ids = tl.where((raw >= 0) & (raw < E), raw, -1).to(tl.int32)   # range test before the cast: int64 2**32+3 is not 3
     rank = tl.zeros([CHUNK], dtype=tl.int32)
     for e0 in range(0, E_PAD, E_TILE):   # experts in tiles keep [CHUNK, E_TILE] small for any E
         e = e0 + tl.arange(0, E_TILE)
@@ -86,9 +87,9 @@ def _scatter_kernel(ids_ptr, hist_ptr, rank_ptr, run_ptr, sorted_ptr, block_expe
     pid = tl.program_id(0)
     if pid < C:   # pairs of chunk pid -> their slot in the expert's run
         p = pid * CHUNK + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + p, mask=p < P, other=-1).to(tl.int32)
-        valid = (p < P) & (ids >= 0) & (ids < E)
-        e = tl.where(valid, ids, 0)
+        raw = tl.load(ids_ptr + p, mask=p < P, other=-1)
+        valid = (p < P) & (raw >= 0) & (raw < E)
+        e = tl.where(valid, raw, 0).to(tl.int32)
         dest = tl.load(run_ptr + e, mask=valid, other=0) + tl.load(rank_ptr + p, mask=valid, other=0)
         if HAS_OFFSETS:
             dest += tl.load(hist_ptr + pid * E + e, mask=valid, other=0)

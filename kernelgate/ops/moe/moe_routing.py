@@ -79,7 +79,8 @@ def validate(logits, bias, topk, n_group, topk_group, renormalize, routed_scalin
     checks.tensor(OP, "bias", bias, shape=(E,), dtype=checks.FLOATS, device=logits.device, optional=True)
     checks.require(scoring in SCORINGS, OP, f"scoring {scoring!r} not in {SCORINGS}")
     for name, v in (("topk", topk), ("n_group", n_group), ("topk_group", topk_group)):
-        checks.require(isinstance(v, int) and v >= 1, OP, f"{name} must be an int >= 1, got {v!r}")
+        checks.require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, OP,
+                       f"{name} must be an int >= 1, got {v!r}")
     checks.require(E >= 1 and E % n_group == 0, OP, f"n_group {n_group} must divide the expert count {E}")
     checks.require(topk_group <= n_group, OP, f"topk_group {topk_group} must be <= n_group {n_group}")
     G = E // n_group
@@ -87,10 +88,12 @@ def validate(logits, bias, topk, n_group, topk_group, renormalize, routed_scalin
                    f"groups of {G} expert: the group score needs >= 2 experts per group (E={E}, n_group={n_group})")
     checks.require(topk <= topk_group * G, OP,
                    f"topk {topk} > experts in the kept groups (topk_group {topk_group} x {G} per group)")
-    checks.require(isinstance(num_fused_shared_experts, int) and num_fused_shared_experts >= 0, OP,
+    checks.require(isinstance(num_fused_shared_experts, int) and not isinstance(num_fused_shared_experts, bool)
+                   and num_fused_shared_experts >= 0, OP,
                    f"num_fused_shared_experts must be an int >= 0, got {num_fused_shared_experts!r}")
     checks.require(isinstance(routed_scaling_factor, (int, float)) and math.isfinite(routed_scaling_factor),
                    OP, f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
+    checks.require(isinstance(renormalize, bool), OP, f"renormalize must be a bool, got {renormalize!r}")
 
 
 # -- vendor slot: sgl_kernel.moe_fused_gate ----------------------------------------------

@@ -28,7 +28,8 @@ def silu_and_mul_clamp_native(x, limit):
 def validate(x, limit):
     checks.tensor(OP, "x", x, ndim=2, dtype=checks.FLOATS)
     checks.require(x.shape[1] % 2 == 0, OP, f"x last dim {x.shape[1]} must be even (gate | up halves)")
-    checks.require(isinstance(limit, (int, float)) and limit > 0, OP, f"limit must be a float > 0, got {limit!r}")
+    checks.require(isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0, OP,
+                   f"limit must be a number > 0, got {limit!r}")
 
 
 def _case(M, H, limit, spread=4.0):

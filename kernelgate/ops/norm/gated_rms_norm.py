@@ -53,18 +53,25 @@ def validate(x, weight, gate=None, eps=1e-6, group_size=None, norm_before_gate=T
     checks.tensor(OP, "x", x, dtype=checks.FLOATS)
     checks.require(x.dim() >= 1, OP, f"x must have at least 1 dim, got shape {tuple(x.shape)}")
     D = x.shape[-1]
-    checks.tensor(OP, "weight", weight, shape=(D,), device=x.device)
-    checks.tensor(OP, "bias", bias, shape=(D,), device=x.device, optional=True)
+    # an empty row has no RMS (0/0): a clear error rather than a division by zero inside the op
+    checks.require(D > 0, OP, f"x last dim (channels) must be > 0, got shape {tuple(x.shape)}")
+    checks.tensor(OP, "weight", weight, shape=(D,), dtype=checks.FLOATS, device=x.device)
+    checks.tensor(OP, "bias", bias, shape=(D,), dtype=checks.FLOATS, device=x.device, optional=True)
     if gate is not None:
-        checks.tensor(OP, "gate", gate, device=x.device)
+        checks.tensor(OP, "gate", gate, dtype=checks.FLOATS, device=x.device)
         checks.same_shape(OP, "gate", gate, "x", x)
     if residual is not None:
-        checks.tensor(OP, "residual", residual, device=x.device)
+        checks.tensor(OP, "residual", residual, dtype=checks.FLOATS, device=x.device)
         checks.same_shape(OP, "residual", residual, "x", x)
     checks.require(activation in ACTIVATIONS, OP, f"activation {activation!r} not in {ACTIVATIONS}")
-    checks.require(eps > 0, OP, f"eps must be > 0, got {eps}")
+    checks.require(isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0, OP,
+                   f"eps must be a number > 0, got {eps!r}")
+    for name, flag in (("norm_before_gate", norm_before_gate), ("prenorm", prenorm),
+                       ("residual_in_fp32", residual_in_fp32)):
+        checks.require(isinstance(flag, bool), OP, f"{name} must be a bool, got {flag!r}")
     if group_size is not None:
-        checks.require(isinstance(group_size, int) and group_size > 0 and D % group_size == 0, OP,
+        checks.require(isinstance(group_size, int) and not isinstance(group_size, bool) and group_size > 0
+                       and D % group_size == 0, OP,
                        f"group_size {group_size} must be a positive divisor of the last dim {D}")
 
 

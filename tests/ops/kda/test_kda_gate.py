@@ -45,7 +45,7 @@ def test_gate_rejects_bad_input():
     f, A_log, dt_bias = _inputs(4, 2, 16, torch.float32)
     with pytest.raises(KernelgateError, match=r"kda_gate: dt_bias shape \(31,\)"):
         ops.kda_gate(f, A_log, dt_bias[:31])
-    with pytest.raises(KernelgateError, match="kda_gate: lower_bound -6.0 not in"):
+    with pytest.raises(KernelgateError, match="kda_gate: lower_bound -6.0 not None or a number in"):
         ops.kda_gate(f, A_log, dt_bias, lower_bound=-6.0)
     with pytest.raises(KernelgateError, match="kda_gate: f width 30 is not a multiple of num heads 4"):
         ops.kda_gate(f[:, :30], torch.zeros(4), None)

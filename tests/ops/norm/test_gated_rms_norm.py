@@ -207,7 +207,7 @@ def test_wide_grouped_rows_use_the_loop_kernel():
     (lambda a: a.update(weight=torch.randn(64, device="meta")), "gated_rms_norm: weight is on meta, expected cpu (same device as the first input)"),
     (lambda a: a.update(x=torch.randint(0, 5, (4, 64))), "gated_rms_norm: x dtype int64 not in"),
     (lambda a: a.update(residual=torch.randn(4, 32)), "gated_rms_norm: residual shape (4, 32) != x shape (4, 64)"),
-    (lambda a: a.update(eps=0.0), "gated_rms_norm: eps must be > 0"),
+    (lambda a: a.update(eps=0.0), "gated_rms_norm: eps must be a number > 0"),
 ], ids=["gate-shape", "group-size", "group-size-0", "activation", "weight-shape", "device", "x-dtype",
         "residual-shape", "eps"])
 def test_bad_input(mutate, message):
