@@ -34,29 +34,8 @@ TINY = dict(vocab_size=1024, hidden_size=64, intermediate_size=96, moe_intermedi
 
 
 def hf_module(mask_fla: bool):
-    """transformers' kimi_linear modeling module. mask_fla: a private copy imported while
-    `import fla` fails, so it binds its own PyTorch fallbacks (fla's Triton kernels crash on a
-    CPU-only machine, and use TF32 / bf16 internally); the global modules are left as they were."""
-    import importlib
-    name = "transformers.models.kimi_linear.modeling_kimi_linear"
-    if not mask_fla:
-        return importlib.import_module(name)
-    ours = [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]
-    saved = {n: sys.modules.pop(n) for n in ours}
-    saved_fla = sys.modules.get("fla", False)
-    sys.modules["fla"] = None
-    try:
-        mod = importlib.import_module(name)
-    finally:
-        for n in [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]:
-            del sys.modules[n]
-        sys.modules.update(saved)
-        if saved_fla is False:
-            del sys.modules["fla"]
-        else:
-            sys.modules["fla"] = saved_fla
-    assert "fla" not in mod.chunk_kimi_delta_attention.__module__, "transformers still bound fla kernels"
-    return mod
+    from kernelgate.testing import hf_kimi_linear_module
+    return hf_kimi_linear_module(mask_fla)
 
 
 def hf_model(layers: int, device, dtype, tiny: bool = False):

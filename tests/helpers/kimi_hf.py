@@ -7,11 +7,10 @@ fallbacks (its documented behaviour when fla is absent); the global modules are 
 """
 from __future__ import annotations
 
-import importlib
-import sys
 
-import pytest
 import torch
+
+from kernelgate.testing import hf_kimi_linear_module
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
@@ -23,16 +22,7 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermedia
 
 
 def hf_kimi_module():
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.setitem(sys.modules, "fla", None)       # `import fla` raises ImportError
-        for name in [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]:
-            mp.delitem(sys.modules, name)
-        mod = importlib.import_module("transformers.models.kimi_linear.modeling_kimi_linear")
-    finally:
-        mp.undo()                                  # restores fla and any earlier kimi_linear import
-    assert "fla" not in mod.chunk_kimi_delta_attention.__module__, "transformers still bound fla kernels"
-    return mod
+    return hf_kimi_linear_module(mask_fla=True)
 
 
 def tiny_hf_model(seed: int = 0, **overrides):
