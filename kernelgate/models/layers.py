@@ -103,8 +103,9 @@ class MoE(nn.Module):
             with streams.on(side):
                 shared = self.shared_experts(x)                     # [T, D]
         weights, ids = self.gate(x)                                 # [T, k] fp32, [T, k] int32
-        if self.experts.first_expert:
-            ids = ids - self.experts.first_expert   # other ranks' experts fall outside [0, E_local): skipped
+        if self.par.expert_parallel:   # other ranks' experts become -1: skipped by fused_experts
+            local = ids - self.experts.first_expert
+            ids = torch.where((local >= 0) & (local < self.experts.down_proj.shape[0]), local, -1)
         out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if shared is not None:
             streams.join(side)
