@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernelgate import platform, registry
-from kernelgate.cli import doctor_report
+from kernelgate.cli.ops import doctor_report
 from kernelgate.compile_stand_in import TARGETS
 
 # Imported under this run's TRITON_INTERPRET: Triton picks interpreted or JIT functions at import,

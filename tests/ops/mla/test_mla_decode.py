@@ -51,6 +51,8 @@ VARIANT_DTYPES = [pytest.param(v, d, id=f"{_ids(v)}-{str(d)[6:]}") for v in VARI
 @pytest.mark.parametrize("variant,dtype", VARIANT_DTYPES)
 @pytest.mark.parametrize("lens,H,R,Dr,Dn,Dv,bs,next_n", SHAPES)
 def test_matches_expanded_float64(variant, dtype, lens, H, R, Dr, Dn, Dv, bs, next_n):
+    if "xpu" in variant and "triton" in variant and dtype == torch.float32 and R > 256:
+        pytest.skip("declared: Triton mla_decode at fp32, R > 256 exceeds Intel's 128 KiB SLM (native runs)")
     pb = Problem(lens, [next_n] * len(lens), H, R, Dr, Dn, Dv, bs, dtype)
     q = pb.absorbed_q(dtype)
     o_lat, lse = run(*variant, q, pb.cache, pb.table, pb.seq_lens, pb.scale, R, next_n=next_n, return_lse=True)
