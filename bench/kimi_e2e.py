@@ -144,13 +144,36 @@ def failures(checks: dict, fp32_tol: float = 1e-3, bf16_factor: float = 2.0, bf1
                   if not checks[k]["rel_err"] <= bf16_factor * noise + bf16_floor]
 
 
-def _engine(model, batch: int, length: int, graphs: bool = True, budget: int = 1 << 30):
+def _engine(model, batch: int, length: int, graphs: bool = True, budget: int = 1 << 30, async_scheduling: bool = True):
     """An Engine with the cache pinned to what `batch` sequences of `length` tokens need (no
     memory profile: these benchmarks time steps, not the sizing)."""
     from kernelgate.engine import Engine
     bs = 64
     return Engine(model, max_num_seqs=batch, max_model_len=length, max_num_batched_tokens=budget,
-                  block_size=bs, num_cache_blocks=batch * -(-length // bs), graphs=graphs)
+                  block_size=bs, num_cache_blocks=batch * -(-length // bs), graphs=graphs,
+                  async_scheduling=async_scheduling)
+
+
+def async_check(model, batch: int = 4, prompt: int = 40, new: int = 24) -> bool:
+    """Greedy tokens with async scheduling (each decode step fed the last one's tokens on the
+    device, read one step behind) equal the synchronous engine's, token for token."""
+    import torch
+
+    from kernelgate.engine import SamplingParams
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 1000, (prompt + i,), generator=g).tolist() for i in range(batch)]
+    got = []
+    for flag in (False, True):
+        eng = _engine(model, batch, prompt + batch + new, async_scheduling=flag)
+        toks = {str(i): [] for i in range(batch)}
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, SamplingParams(max_new_tokens=new))
+        while eng.has_unfinished():
+            for o in eng.step():
+                toks[o.request_id] += o.new_token_ids
+        got.append(toks)
+        eng.close()
+    return got[0] == got[1]
 
 
 def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
@@ -203,12 +226,13 @@ def decode_floor(model, batch: int, context: int, gbps: float) -> float:
     return batch / ((weights + batch * per_seq) / (gbps * 1e9))
 
 
-def ours_decode(model, batch: int, prompt: int, steps: int, warm: int = 3, graphs: bool = True) -> float:
+def ours_decode(model, batch: int, prompt: int, steps: int, warm: int = 3, graphs: bool = True,
+                async_scheduling: bool = True) -> float:
     """Decode tokens/s through the engine (engine step = model step + sampling + bookkeeping)."""
     import torch
 
     from kernelgate.engine import SamplingParams
-    eng = _engine(model, batch, prompt + warm + steps + 2, graphs=graphs)
+    eng = _engine(model, batch, prompt + warm + steps + 2, graphs=graphs, async_scheduling=async_scheduling)
     g = torch.Generator().manual_seed(1)
     for i in range(batch):
         ids = torch.randint(0, 1000, (prompt,), generator=g).tolist()
@@ -341,9 +365,17 @@ def main(argv=None) -> int:
         rows[name] = vals
         print(f"  {name}: " + ", ".join(f"{v:,.0f}" for v in vals) + " tok/s", flush=True)
 
+    same = async_check(ours)
+    print(f"async scheduling vs synchronous engine, greedy tokens of 4 requests: {'equal' if same else 'DIFFER'}",
+          flush=True)
+    if not same:
+        print("kimi_e2e: async scheduling changes the tokens; not benchmarking")
+        return 4
     head = [f"decode b{b} tok/s" for b in batches] + [f"prefill {args.prefill} tok/s"]
     decode = [lambda b=b, **kw: ours_decode(ours, b, args.prompt, args.steps, **kw) for b in batches]
     measure("kernelgate", [*decode, lambda: ours_prefill(ours, args.prefill)])
+    measure("kernelgate sync steps", [*(lambda f=f: f(async_scheduling=False) for f in decode),
+                                      lambda: rows["kernelgate"][-1]])
     measure("kernelgate eager", [*(lambda f=f: f(graphs=False) for f in decode), lambda: rows["kernelgate"][-1]])
     plan = registry.plan()
     with registry.forcing(natives):

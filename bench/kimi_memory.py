@@ -276,6 +276,21 @@ def part_full(args, device):
                      f"{_peak(device) / 1e9:.1f}"])
         print(f"  {name}: prefill {t.rate('prefill'):,.0f} tok/s, decode {t.rate('decode'):,.1f} tok/s", flush=True)
     cap = eng.capacity
+    eng.close()
+    del eng
+    # single-stream and batch-64 decode against the byte floor (issue 16), engine steps as in kimi_e2e
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kimi_e2e import decode_floor, ours_decode
+
+    from kernelgate.benchmark import copy_bandwidth
+    gbps = copy_bandwidth(device)
+    for b in (1, 64):
+        for flag in (True, False):
+            rate = ours_decode(model, b, 64, args.decode_steps, async_scheduling=flag)
+            floor = decode_floor(model, b, 64 + args.decode_steps, gbps)
+            name = f"decode b{b} ({'async' if flag else 'sync'} steps)"
+            rows.append([name, "", f"{rate:,.1f}", f"floor {floor:,.0f}: {rate / floor:.2f}", ""])
+            print(f"  {name}: {rate:,.1f} tok/s, byte floor {floor:,.0f} ({rate / floor:.2f})", flush=True)
     _table(f"full model ({cfg.num_hidden_layers} layers, {weights / 1e9:.1f} GB bf16), cache "
            f"{cap.cache_bytes / 1e9:.1f} GB = {cap.cache_tokens:,} tokens, max_num_batched_tokens {args.budget}",
            ["requests", "prefill tok/s", "decode tok/s", "wall s", "peak GB (since build)"], rows)

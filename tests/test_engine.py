@@ -46,19 +46,22 @@ def test_requests_join_between_steps(model):
     eng = Engine(model, max_num_seqs=3, max_model_len=64, block_size=8)
     eng.add_request("a", p[0], SamplingParams(max_new_tokens=6))
     kinds = []
-    for _ in range(2):                                                   # prefill a, decode a
-        eng.step()
-        kinds.append(eng.last_step.kind)
-    eng.add_request("b", p[2], SamplingParams(max_new_tokens=3))
     got = {"a": [], "b": []}
-    while eng.has_unfinished():
+
+    def step():
         for o in eng.step():
             got[o.request_id] += o.new_token_ids
-        kinds.append(eng.last_step.kind)
+        if eng.last_step is not None:      # (the last call may only read the last step back)
+            kinds.append(eng.last_step.kind)
+    for _ in range(2):                                                   # prefill a, decode a
+        step()
+    eng.add_request("b", p[2], SamplingParams(max_new_tokens=3))
+    while eng.has_unfinished():
+        step()
     # b's prefill shares a step with a's decode
     assert kinds[:3] == ["prefill", "decode", "mixed"] and "prefill" not in kinds[3:]
     ref = kernelgate.generate(model, [p[0], p[2]], max_new_tokens=6, stop_token_ids=())
-    assert got["b"] == ref[1].token_ids[:3] and len(got["a"]) == 4 and got["a"] == ref[0].token_ids[2:]
+    assert got["b"] == ref[1].token_ids[:3] and got["a"] == ref[0].token_ids
     assert eng.blocks.free_slots == 3 and eng.blocks.free_blocks == eng.capacity.num_blocks
 
 

@@ -25,13 +25,13 @@ def _run(model, prompts, monkeypatch, **knobs):
     """-> (tokens per request, logits of every sampled position per request, step kinds)."""
     params = [SamplingParams(max_new_tokens=4) for _ in prompts]
     logits = {id(p): [] for p in params}
-    real = model_runner.sample
+    real = model_runner.sample_async
 
     def spy(rows, ps, gens):
         for row, p in zip(rows, ps):
             logits[id(p)].append(row.clone())
         return real(rows, ps, gens)
-    monkeypatch.setattr(model_runner, "sample", spy)
+    monkeypatch.setattr(model_runner, "sample_async", spy)
     eng = Engine(model, max_model_len=96, block_size=8, **knobs)
     for i, (p, sp) in enumerate(zip(prompts, params)):
         eng.add_request(str(i), p, sp)
@@ -40,8 +40,9 @@ def _run(model, prompts, monkeypatch, **knobs):
     while eng.has_unfinished():
         for o in eng.step():
             toks[o.request_id] += o.new_token_ids
-        kinds.append(eng.last_step.kind)
-    monkeypatch.setattr(model_runner, "sample", real)
+        if eng.last_step is not None:
+            kinds.append(eng.last_step.kind)
+    monkeypatch.setattr(model_runner, "sample_async", real)
     return [toks[str(i)] for i in range(len(prompts))], [logits[id(p)] for p in params], kinds
 
 

@@ -141,7 +141,7 @@ def test_graph_decode_through_chunking_and_preemption(model, fake_graphs):
         while eng.has_unfinished():
             for o in eng.step():
                 got[o.request_id] += o.new_token_ids
-            preempted += eng.last_step.preempted
+            preempted += eng.last_step.preempted if eng.last_step else 0
         return [got[str(i)] for i in range(len(prompts))], preempted, eng.runner.graphs
     eager, _, _ = run(False)
     got, preempted, g = run(True)

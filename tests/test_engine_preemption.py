@@ -31,7 +31,7 @@ def _drive(eng, prompts, params):
             toks[o.request_id] += o.new_token_ids
             if o.finished:
                 reasons[o.request_id] = o.finish_reason
-        preempted += eng.last_step.preempted
+        preempted += eng.last_step.preempted if eng.last_step else 0
         steps += 1
         assert steps < 500, "engine does not make progress"
     return [toks[f"r{i}"] for i in range(len(prompts))], reasons, preempted

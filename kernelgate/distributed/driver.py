@@ -43,6 +43,8 @@ def reconcile(runner: ModelRunner, groups) -> None:
 class DriverRunner(ModelRunner):
     """Rank 0's runner: each step's metadata goes to every rank before the shared step."""
 
+    feeds_back = False    # the ranks get host token ids: a step cannot take the last one's unread tokens
+
     def __init__(self, owner: "ParallelModel", *args):
         self.owner = owner
         super().__init__(owner.shard, *args)

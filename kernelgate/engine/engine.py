@@ -54,12 +54,14 @@ class Engine:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 4096,
                  max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9,
                  block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True,
-                 tensor_parallel_size: int = 1, enable_expert_parallel: bool = False):
+                 tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
+                 async_scheduling: bool = True):
         """The knobs have vLLM's names and meanings: sequences in flight, longest prompt + output,
         tokens per step, share of device memory to use, MLA cache block size and a pinned count.
         tensor_parallel_size > 1 (or a model from load_model(..., tensor_parallel_size=N)): the
         model runs sharded over N processes, one per device (kernelgate.distributed);
-        enable_expert_parallel splits the routed experts over them instead of each expert."""
+        enable_expert_parallel splits the routed experts over them instead of each expert.
+        async_scheduling: queue each step before reading the last one's tokens (see `step`)."""
         check_engine_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                           max_num_batched_tokens=max_num_batched_tokens,
                           gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
@@ -77,7 +79,11 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.requests: dict[str, Request] = {}
         self._sent: dict[str, int] = {}
-        self.last_step: StepStats | None = None
+        self.last_step: StepStats | None = None     # the step this call launched (None: none)
+        self.read_step: StepStats | None = None     # the step whose tokens this call read (with async
+        #                                             scheduling, the one the previous call launched)
+        self.async_scheduling = async_scheduling and self.runner.feeds_back
+        self._pending = None                          # (SchedulerOutput, launched) queued, not read yet
         log.info("kernelgate: %s", self.capacity.report())
 
     def add_request(self, request_id: str, prompt_ids, params: SamplingParams) -> None:
@@ -131,29 +137,77 @@ class Engine:
         return 1.0 - b.free_slots / b.num_slots
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; an output for every request that gained tokens or finished."""
+        """Run one step; an output for every request that gained tokens or finished.
+
+        With async scheduling (the default where the runner allows it) a step is queued on the
+        device and read back during the next call: that call schedules and queues its own step
+        first -- feeding the sampled tokens back on the device when it only decodes the requests
+        that just sampled -- and only then waits for the previous one, so the host's work
+        overlaps the device's. Outputs thus arrive one call late; a stop token is seen one step
+        late (the extra step's writes go to the slot and blocks being freed, zeroed before reuse)."""
+        pending, self._pending = self._pending, None
+        self.read_step = None
         out = self.scheduler.schedule()
-        if not out.seqs and self.scheduler.waiting and not self.scheduler.running:
+        if not out.seqs and pending is None and self.scheduler.waiting and not self.scheduler.running:
             raise KernelgateError("engine: internal: a waiting request cannot be scheduled on an idle engine")
+        prev = self._feed(pending, out) if pending is not None else None
+        if pending is not None and prev is None:     # this step needs the previous tokens on the host
+            self._resolve(pending)
+            pending = None
+            out.seqs = [s for s in out.seqs if not s.req.done]
+        self.last_step = None
         if out.seqs:
             pre = sum(s.n for s in out.seqs if not (s.n == 1 and s.start > 0 and s.samples))
             dec = out.num_tokens - pre
-            sampled = self.runner.execute(out.seqs, self.blocks.take_fresh())
-            self.scheduler.update(out, sampled)
+            launched = self.runner.launch(out.seqs, self.blocks.take_fresh(), prev)
+            if pending is not None:
+                self._resolve(pending)               # waits for the previous step only
+            self.scheduler.advance(out)
             kind = "mixed" if pre and dec else ("prefill" if pre else "decode")
             self.last_step = StepStats(kind, out.num_tokens, len(out.seqs), pre, dec, len(out.preempted))
-        else:
-            self.last_step = None
+            if self.async_scheduling and launched[1]:
+                self._pending = (out, launched, self.last_step)
+            else:
+                self.scheduler.resolve(out, self.runner.read(out.seqs, launched))
+                self.read_step = self.last_step
+        elif pending is not None:
+            self._resolve(pending)
         outs = []
         for rid, req in list(self.requests.items()):
             sent = self._sent[rid]
-            if len(req.output) > sent or req.done:
-                outs.append(RequestOutput(rid, req.output[sent:], req.done, req.finish_reason,
-                                          len(req.prompt), len(req.output), req.error))
-                self._sent[rid] = len(req.output)
-            if req.done:
+            upto = len(req.output) if req.pending is None else req.pending
+            finished = req.done and req.pending is None
+            if upto > sent or finished:
+                outs.append(RequestOutput(rid, req.output[sent:upto], finished, req.finish_reason if finished else None,
+                                          len(req.prompt), upto, req.error if finished else None))
+                self._sent[rid] = upto
+            if finished:
                 del self.requests[rid], self._sent[rid]
         return outs
+
+    def _resolve(self, pending) -> None:
+        out, launched, self.read_step = pending
+        self.scheduler.resolve(out, self.runner.read(out.seqs, launched))
+
+    @staticmethod
+    def _feed(pending, out):
+        """The previous step's device tokens as this step's inputs, or None where they cannot
+        serve: every sequence must be a one-token decode of a request whose input is the
+        token that step sampled (its placeholder)."""
+        p_out, (toks, rows), _ = pending
+        if not rows:
+            return None
+        row_of = {id(p_out.seqs[i].req): j for j, i in enumerate(rows)}
+        idx = []
+        for s in out.seqs:
+            r = s.req
+            j = row_of.get(id(r))
+            if j is None or s.n != 1 or r.pending is None or s.start != len(r.prompt) + r.pending:
+                return None
+            idx.append(j)
+        if idx == list(range(len(idx))):
+            return (toks if len(idx) == len(rows) else toks[:len(idx)]), None
+        return toks, idx
 
     def close(self) -> None:
         """Drop the cache and graphs now (device memory back to the allocator), not at the next

@@ -44,19 +44,14 @@ def _encode(model, prompts) -> list:
     return out
 
 
-def _sync(device) -> None:
-    if device.type != "cpu":
-        import torch
-        torch.accelerator.synchronize()
-
-
 def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, stop_token_ids=None, max_batch: int | None = None,
              max_len: int | None = None, progress=None, timing: Timing | None = None, *,
              max_num_seqs: int | None = None, max_model_len: int | None = None,
              max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9, block_size: int = 64,
              num_cache_blocks: int | None = None, graphs: bool = True, engine: Engine | None = None,
-             tensor_parallel_size: int = 1, enable_expert_parallel: bool = False) -> list[Result]:
+             tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
+             async_scheduling: bool = True) -> list[Result]:
     """Generate for each prompt (token id lists, or strings when the model has a tokenizer).
 
     stop_token_ids None = the config's EOS ids. Request i samples with seed `seed + i`, so
@@ -96,7 +91,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
                         max_num_batched_tokens=max_num_batched_tokens,
                         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                         num_cache_blocks=num_cache_blocks, graphs=graphs,
-                        tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel)
+                        tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
+                        async_scheduling=async_scheduling)
     try:
         return _drive(engine, model, ids, params, progress, timing)
     finally:
@@ -118,8 +114,7 @@ def _drive(engine, model, ids, params, progress, timing) -> list[Result]:
     done_tokens = 0
     while len(results) < len(ids):
         t0 = time.perf_counter()
-        outs = engine.step()
-        _sync(model.device)
+        outs = engine.step()              # waits for the step it reads (see Engine.step)
         dt = time.perf_counter() - t0
         for o in outs:
             if not o.request_id.startswith(base):
@@ -129,7 +124,7 @@ def _drive(engine, model, ids, params, progress, timing) -> list[Result]:
             done_tokens += len(o.new_token_ids)
             if o.finished:
                 results[i] = o
-        stats = engine.last_step
+        stats = engine.read_step            # this call's time is the wait for that step
         if timing is not None and stats is not None:
             timing.steps.append((stats.kind, stats.tokens, dt))
             if stats.prefill_tokens:

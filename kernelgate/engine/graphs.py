@@ -104,10 +104,14 @@ class _Captured:
         return torch.tensor(list(range(nb + 1)) + list(slots) + [slot0] * pad + list(starts) + [0] * pad
                             + [s + 1 for s in starts] + [1] * pad + mapping + flat, dtype=torch.int32)
 
-    def replay(self, tokens: list, slots: list, starts: list, tables: list) -> torch.Tensor:
+    def replay(self, tokens, slots: list, starts: list, tables: list) -> torch.Tensor:
+        """tokens: host ids (a list) or ids already on the device (the last step's samples)."""
         n, pad = len(tokens), self.nb - len(tokens)
-        host_tok = torch.tensor(tokens + [0] * pad, dtype=torch.long)
-        self.tokens.copy_(alloc.upload(host_tok, self.tokens.device), non_blocking=True)
+        if isinstance(tokens, torch.Tensor):
+            self.tokens[:n].copy_(tokens)            # padding rows keep earlier (valid) ids
+        else:
+            host_tok = torch.tensor(tokens + [0] * pad, dtype=torch.long)
+            self.tokens.copy_(alloc.upload(host_tok, self.tokens.device), non_blocking=True)
         self.meta.copy_(alloc.upload(self._host(slots, starts, tables), self.meta.device), non_blocking=True)
         with checked(False):   # a device graph replays no Python (a stand-in graph would re-run the checks)
             self.graph.replay()
@@ -129,7 +133,7 @@ class DecodeGraphs:
     def enabled(self) -> bool:
         return self.api is not None
 
-    def run(self, tokens: list, slots: list, starts: list, tables: list):
+    def run(self, tokens, slots: list, starts: list, tables: list):
         if self.api is None:
             return None
         bs = self.cache.block_size

@@ -16,7 +16,7 @@ from .. import alloc
 from ..models.batch import StepBatch
 from . import memory
 from .graphs import DecodeGraphs, graph_api
-from .sampling import sample
+from .sampling import sample_async
 
 log = logging.getLogger("kernelgate.engine")
 
@@ -49,41 +49,68 @@ class ModelRunner:
         del cache
         return size
 
-    @torch.inference_mode()
-    def execute(self, seqs: list, fresh: tuple) -> list:
-        """seqs: [Scheduled]; fresh: (slots, blocks) to zero first. -> per seq: the sampled token,
-        None (a chunk that does not reach the end of its tokens) or an error text."""
-        reqs = [s.req for s in seqs]
-        starts = [s.start for s in seqs]
-        inputs = [s.req.tokens(s.start, s.start + s.n) for s in seqs]
-        meta = {"fresh": fresh, "tokens": [t for x in inputs for t in x], "lengths": [s.n for s in seqs],
-                "slots": [r.slot for r in reqs], "starts": starts, "tables": [list(r.blocks) for r in reqs]}
-        logits = self.run(meta)
-        rows = [i for i, s in enumerate(seqs) if s.samples]
-        out: list = [None] * len(seqs)
-        if rows:
-            pick = logits if len(rows) == len(seqs) else logits[torch.tensor(rows, device=logits.device)]
-            toks = sample(pick, [reqs[i].params for i in rows], [reqs[i].generator for i in rows])
-            for i, t in zip(rows, toks):
-                if t < 0:
-                    out[i] = f"non-finite logits at position {seqs[i].start + seqs[i].n - 1}"
-                    log.error("kernelgate: request %s: %s; finished with an error", reqs[i].request_id, out[i])
-                else:
-                    out[i] = t
-        return out
+    # Whether `launch` may take the previous step's sampled tokens on the device (a tensor-parallel
+    # driver broadcasts host token ids to its ranks, so it cannot).
+    feeds_back = True
 
     @torch.inference_mode()
-    def run(self, meta: dict) -> torch.Tensor:
+    def launch(self, seqs: list, fresh: tuple, prev=None):
+        """Queue one step without waiting for the device: seqs: [Scheduled]; fresh: (slots,
+        blocks) to zero first; prev: None (the input tokens come from the requests), or the
+        previous step's sampled tokens on the device and, per seq, the row holding its input
+        token (None: the same rows) -- the step feeds them back unread. -> (tokens [rows] on the
+        device, -1 where the logits were not finite; rows: the indices of seqs that sampled)."""
+        reqs = [s.req for s in seqs]
+        meta = {"fresh": fresh, "lengths": [s.n for s in seqs], "slots": [r.slot for r in reqs],
+                "starts": [s.start for s in seqs], "tables": [list(r.blocks) for r in reqs]}
+        if prev is None:
+            meta["tokens"] = [t for s in seqs for t in s.req.tokens(s.start, s.start + s.n)]
+            tokens = None
+        else:
+            tokens, rows = prev
+            tokens = tokens.clamp(min=0)       # -1 (non-finite row): that request ends; its input must still be an id
+            if rows is not None:
+                tokens = tokens[alloc.upload(torch.tensor(rows, dtype=torch.long), tokens.device)]
+        logits = self.run(meta) if tokens is None else self.run(meta, tokens)
+        rows = [i for i, s in enumerate(seqs) if s.samples]
+        if not rows:
+            return None, rows
+        pick = logits if len(rows) == len(seqs) else logits[alloc.upload(torch.tensor(rows), logits.device)]
+        return sample_async(pick, [reqs[i].params for i in rows], [reqs[i].generator for i in rows]), rows
+
+    def read(self, seqs: list, launched) -> list:
+        """The tokens of a launched step, read back (waits for it) -> per seq: the token, None
+        (a chunk that does not reach the end of its tokens) or an error text."""
+        toks, rows = launched
+        out: list = [None] * len(seqs)
+        for i, t in zip(rows, toks.tolist() if rows else []):
+            if t < 0:
+                out[i] = f"non-finite logits at position {seqs[i].start + seqs[i].n - 1}"
+                log.error("kernelgate: request %s: %s; finished with an error", seqs[i].req.request_id, out[i])
+            else:
+                out[i] = t
+        return out
+
+    def execute(self, seqs: list, fresh: tuple) -> list:
+        """`launch` then `read`: one step, waited for."""
+        return self.read(seqs, self.launch(seqs, fresh))
+
+    @torch.inference_mode()
+    def run(self, meta: dict, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """One model step from plain metadata (what a tensor-parallel driver broadcasts to its
-        ranks): zero the fresh slots / blocks, decode through a graph or eagerly -> logits [N, V]."""
+        ranks): zero the fresh slots / blocks, decode through a graph or eagerly -> logits [N, V].
+        tokens: the input ids on the device, instead of meta["tokens"]."""
         self.cache.clear(*meta["fresh"])
-        flat, slots, starts, tables = meta["tokens"], meta["slots"], meta["starts"], meta["tables"]
+        slots, starts, tables = meta["slots"], meta["starts"], meta["tables"]
+        if tokens is None:
+            tokens = meta["tokens"]
         logits = None
         if all(n == 1 for n in meta["lengths"]) and self.graphs is not None:
-            logits = self.graphs.run(flat, slots, starts, tables)                    # None: decode eagerly
+            logits = self.graphs.run(tokens, slots, starts, tables)                  # None: decode eagerly
         if logits is None:
             device = self.model.device
             batch = StepBatch.build(meta["lengths"], slots, starts, device, tables, self.block_size)
-            tokens = alloc.upload(torch.tensor(flat, dtype=torch.long), device)
+            if isinstance(tokens, list):
+                tokens = alloc.upload(torch.tensor(tokens, dtype=torch.long), device)
             logits = self.model.step(tokens, batch, self.cache)                      # [N, V] fp32
         return logits

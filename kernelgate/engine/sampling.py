@@ -56,17 +56,25 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return x
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
-    """logits [N, V] fp32, one row per request -> N token ids; -1 for a row with a non-finite
-    logit (NaN / inf: the caller ends that request with an error, never token 0)."""
+def sample_async(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> torch.Tensor:
+    """logits [N, V] fp32, one row per request -> N token ids on the logits' device, without
+    waiting for it; -1 for a row with a non-finite logit (NaN / inf: the caller ends that request
+    with an error, never token 0). A sampled row draws from its own generator exactly once per
+    call, finite or not, so a request's draws never depend on the other rows."""
     finite = torch.isfinite(logits).all(dim=-1)
-    out = torch.where(finite, logits.argmax(dim=-1), -1).tolist()     # one host sync for both
+    out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
-        if p.greedy or out[i] < 0:
+        if p.greedy:
             continue
-        probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
-    return out
+        row = torch.where(finite[i], logits[i], torch.zeros_like(logits[i]))   # a valid draw either way
+        probs = torch.softmax(filter_logits(row, p.temperature, p.top_k, p.top_p), dim=-1)
+        out[i:i + 1] = torch.multinomial(probs, 1, generator=generators[i])
+    return torch.where(finite, out, -1)
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+    """`sample_async`, read back: one host sync."""
+    return sample_async(logits, params, generators).tolist()
 
 
 def make_generator(seed: int | None, device) -> torch.Generator:

@@ -39,6 +39,7 @@ class Request:
     generator: object = None
     num_preemptions: int = 0
     order: int = field(default_factory=lambda: next(_order))
+    pending: int | None = None            # index in `output` of a token sampled but not read yet
 
     @property
     def done(self) -> bool:
@@ -61,10 +62,10 @@ class Scheduled:
     req: Request
     start: int            # position of the first token fed this step (= tokens already cached)
     n: int                # tokens fed this step
+    samples: bool = field(init=False)   # the chunk reaches the end of the request's tokens: it samples one
 
-    @property
-    def samples(self) -> bool:
-        return self.start + self.n == self.req.num_tokens
+    def __post_init__(self):
+        self.samples = self.start + self.n == self.req.num_tokens
 
 
 @dataclass
@@ -138,21 +139,49 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled: list) -> None:
         """sampled[i]: the token for out.seqs[i] if it samples (None otherwise), or an error text."""
-        for s, tok in zip(out.seqs, sampled):
+        self.advance(out)
+        self.resolve(out, sampled)
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step `out` has been launched: its tokens are in the cache, and each sequence that
+        samples holds a placeholder for its token (read later by `resolve`). The next step can be
+        scheduled now, before the device has produced the token. A request that reaches
+        max_new_tokens / max_model_len with this token finishes now ("length"), so no step
+        runs past it; only its placeholder remains to be filled."""
+        for s in out.seqs:
             req = s.req
-            if req.done:                   # aborted while the step ran
+            if req.done:                   # aborted or stopped while the step was queued
                 continue
             req.num_computed = s.start + s.n
             if not s.samples:
                 continue
-            if isinstance(tok, str):
-                self.finish(req, "error", tok)
-                continue
-            req.output.append(tok)
-            if tok in req.params.stop_token_ids:
-                self.finish(req, "stop")
-            elif len(req.output) >= req.params.max_new_tokens or req.num_tokens >= self.max_model_len:
+            req.pending = len(req.output)
+            req.output.append(None)
+            if len(req.output) >= req.params.max_new_tokens or req.num_tokens >= self.max_model_len:
                 self.finish(req, "length")
+
+    def resolve(self, out: SchedulerOutput, sampled: list) -> None:
+        """Fill the placeholders of the launched step `out` with their tokens (or end the
+        request with the error text); a stop token ends the request, and drops the placeholder
+        of a later step already launched for it."""
+        for s, tok in zip(out.seqs, sampled):
+            req = s.req
+            if not s.samples or req.pending != s.start + s.n - len(req.prompt):
+                continue                   # aborted / stopped earlier: its placeholder is gone
+            i, req.pending = req.pending, None
+            if isinstance(tok, str):
+                del req.output[i:]
+                self._end(req, "error", tok)
+                continue
+            req.output[i] = tok
+            if tok in req.params.stop_token_ids:
+                self._end(req, "stop")
+
+    def _end(self, req: Request, reason: str, error: str | None = None) -> None:
+        if req.done:                       # finished by length at this very token: stop / error win
+            req.finish_reason, req.error = reason, error
+        else:
+            self.finish(req, reason, error)
 
     def finish(self, req: Request, reason: str, error: str | None = None) -> None:
         """End `req` now (any state) and free what it holds."""
@@ -162,3 +191,6 @@ class Scheduler:
             self.waiting.remove(req)
         self._release(req)
         req.finish_reason, req.error = reason, error
+        if reason != "length" and req.pending is not None:   # a token that will never be read
+            del req.output[req.pending:]
+            req.pending = None
