@@ -38,6 +38,7 @@ class RequestOutput:
     prompt_len: int
     num_output_tokens: int
     error: str | None = None       # why, when finish_reason == "error"
+    logprobs: list | None = None   # TokenLogprobs per new token, when the request asked for them
 
 
 @dataclass
@@ -148,8 +149,9 @@ class Engine:
         for rid, req in list(self.requests.items()):
             sent = self._sent[rid]
             if len(req.output) > sent or req.done:
+                lps = req.logprobs[sent:len(req.output)] if req.params.logprobs is not None else None
                 outs.append(RequestOutput(rid, req.output[sent:], req.done, req.finish_reason,
-                                          len(req.prompt), len(req.output), req.error))
+                                          len(req.prompt), len(req.output), req.error, lps))
                 self._sent[rid] = len(req.output)
             if req.done:
                 del self.requests[rid], self._sent[rid]

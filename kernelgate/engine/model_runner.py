@@ -16,7 +16,7 @@ from .. import alloc
 from ..models.batch import StepBatch
 from . import memory
 from .graphs import DecodeGraphs, graph_api
-from .sampling import sample
+from .sampling import sample, sampled_logprobs
 
 log = logging.getLogger("kernelgate.engine")
 
@@ -63,13 +63,17 @@ class ModelRunner:
         out: list = [None] * len(seqs)
         if rows:
             pick = logits if len(rows) == len(seqs) else logits[torch.tensor(rows, device=logits.device)]
-            toks = sample(pick, [reqs[i].params for i in rows], [reqs[i].generator for i in rows])
-            for i, t in zip(rows, toks):
+            params = [reqs[i].params for i in rows]
+            toks = sample(pick, params, [reqs[i].generator for i in rows])
+            lps = sampled_logprobs(pick, toks, params)          # all None unless a request asked
+            for i, t, lp in zip(rows, toks, lps):
                 if t < 0:
                     out[i] = f"non-finite logits at position {seqs[i].start + seqs[i].n - 1}"
                     log.error("kernelgate: request %s: %s; finished with an error", reqs[i].request_id, out[i])
                 else:
                     out[i] = t
+                    if lp is not None:
+                        reqs[i].logprobs.append(lp)             # one per output token, in order
         return out
 
     @torch.inference_mode()

@@ -1,7 +1,14 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seed.
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seed; and the
+log-probabilities of what was sampled.
 
 Each request owns its generator, so the tokens it draws do not depend on which other
 requests share the batch. temperature <= 0 is greedy (argmax).
+
+Logprobs (`SamplingParams.logprobs = k`) are those of the model's raw distribution,
+log_softmax(logits) in fp32, before temperature, top-k and top-p: what vLLM reports by
+default (its "raw_logprobs" mode). So they do not depend on the sampling settings, and a
+sampled token that top-k / top-p would never have dropped has the same logprob as under
+greedy decoding. Each sampled token gets its own logprob and the k most likely tokens.
 """
 from __future__ import annotations
 
@@ -10,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..platform import KernelgateError
+
+MAX_LOGPROBS = 20                    # alternatives per token, as vLLM's default max_logprobs
 
 
 @dataclass
@@ -20,6 +29,8 @@ class SamplingParams:
     top_p: float = 1.0               # 1.0 = off
     seed: int | None = None
     stop_token_ids: tuple = field(default_factory=tuple)
+    logprobs: int | None = None      # None = off; k >= 0: the sampled token's logprob + the top k
+
 
     def __post_init__(self):
         from .checks import is_int, require_int, require_number
@@ -35,6 +46,8 @@ class SamplingParams:
         if not isinstance(stops, (list, tuple, set, frozenset)) or not all(is_int(t) for t in stops):
             raise KernelgateError(f"generate: stop_token_ids must be a list of int token ids, got {stops!r}")
         self.stop_token_ids = tuple(int(t) for t in stops)
+        if self.logprobs is not None:
+            require_int(w, "logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +79,33 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list)
             continue
         probs = torch.softmax(filter_logits(logits[i], p.temperature, p.top_k, p.top_p), dim=-1)
         out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out
+
+
+@dataclass
+class TokenLogprobs:
+    """One sampled token's entry: its logprob and the `k` most likely tokens, best first."""
+    logprob: float
+    top: list                        # [(token_id, logprob)], len k
+
+
+def sampled_logprobs(logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list:
+    """logits [N, V] fp32 (the rows `sample` saw), the tokens it drew -> per row a
+    TokenLogprobs, or None where the request asked for none (or its row is not finite)."""
+    want = [i for i, p in enumerate(params) if p.logprobs is not None and tokens[i] >= 0]
+    out: list = [None] * len(params)
+    if not want:
+        return out
+    dev = logits.device
+    lp = torch.log_softmax(logits.index_select(0, torch.tensor(want, device=dev)), dim=-1)   # [W, V]
+    chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in want], device=dev))             # [W, 1]
+    k = min(max(params[i].logprobs for i in want), lp.shape[-1])
+    top = lp.topk(k, dim=-1)                                                                # [W, k]
+    # one host copy: ids travel as fp32, exact below 2**24 (vocabularies are far smaller)
+    rows = torch.cat([chosen, top.values, top.indices.float()], dim=1).tolist()           # [W, 1 + 2k]
+    for r, i in zip(rows, want):
+        n = min(params[i].logprobs, k)
+        out[i] = TokenLogprobs(r[0], [(int(t), v) for t, v in zip(r[1 + k:1 + k + n], r[1:1 + n])])
     return out
 
 

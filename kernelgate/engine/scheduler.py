@@ -39,6 +39,7 @@ class Request:
     generator: object = None
     num_preemptions: int = 0
     order: int = field(default_factory=lambda: next(_order))
+    logprobs: list = field(default_factory=list)   # TokenLogprobs per output token, if params.logprobs is set
 
     @property
     def done(self) -> bool:

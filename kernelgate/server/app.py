@@ -34,8 +34,9 @@ from starlette.routing import Route
 from ..engine.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
 from .detokenizer import Detokenizer
 from .jobs import ModelInfo, chat_job, completion_jobs
+from .logprobs import LogprobsFormatter
 from .metrics import Metrics
-from .protocol import APIError, ChatRequest, CompletionRequest, parse
+from .protocol import APIError, ChatRequest, CompletionRequest, num_logprobs, parse
 from .responses import Responder, collect, deltas
 
 log = logging.getLogger("kernelgate.server")
@@ -95,7 +96,9 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
 
     async def _serve(request: Request, req, jobs: list, chat: bool, echo: bool):
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        resp = Responder(chat, info.name, jobs, req.return_token_ids, echo, include_usage)
+        lp = (None if num_logprobs(req) is None
+              else LogprobsFormatter(info.tokenizer, chat, req.return_tokens_as_token_ids))
+        resp = Responder(chat, info.name, jobs, req.return_token_ids, echo, include_usage, lp)
         streams = await _admit(resp.id, jobs)
         gens = [deltas(s, Detokenizer(info.tokenizer, j.stop, req.skip_special_tokens))
                 for s, j in zip(streams, jobs)]

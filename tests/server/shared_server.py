@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+MAX_SEQS, MAX_LEN = 8, 1024          # the built-in model's server in these tests (conftest.py)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -44,7 +46,8 @@ def _read(state: Path):
 
 def _start(args: list, cwd: Path, log: Path, timeout: float = 240):
     port = _free_port()
-    env = {**os.environ, "KERNELGATE_PLATFORM": "", "KERNELGATE_FORCE": ""}
+    # one intra-op thread: the server shares the CI machine's 2 cores with the test workers
+    env = {**os.environ, "KERNELGATE_PLATFORM": "", "KERNELGATE_FORCE": "", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "kernelgate", "serve", "--port", str(port), *args],
                                 cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
