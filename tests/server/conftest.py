@@ -1,22 +1,11 @@
 """Fixtures of the real-server tests: one `kernelgate serve` process (built-in model) for the
 whole session, shared by the modules and the xdist workers (shared_server.py); the same
 seeded built-in model in this process, for offline `generate()` and hand computations."""
-import os
-from pathlib import Path
-
 import pytest
 import torch
-from shared_server import MAX_LEN, MAX_SEQS, shared_server
+from shared_server import MAX_LEN, MAX_SEQS, ROOT, run_folder, shared_server
 
 from kernelgate.cli.model import builtin_model
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_folder(tmp_path_factory) -> Path:
-    """A folder every xdist worker of this run sees (the state files of the shared servers)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,13 @@ from pathlib import Path
 import httpx
 
 MAX_SEQS, MAX_LEN = 8, 1024          # the built-in model's server in these tests (conftest.py)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_folder(tmp_path_factory) -> Path:
+    """A folder every xdist worker of this run sees (for the shared servers' state files)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def _free_port() -> int:

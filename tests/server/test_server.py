@@ -3,9 +3,9 @@ driven by the official openai client and raw HTTP. Its outputs are checked again
 `kernelgate.generate()` on the same seeded built-in model, built here.
 
 Sizes (CI: 2 cores, the whole module well under a minute): the server runs
---max-num-seqs 8 --max-model-len 1024; the concurrency test sends 32 greedy streaming
-requests at once (8 tokens each), so they queue, join the running batch as others finish
-and share prefill and decode steps.
+--max-num-seqs 8 --max-model-len 1024 (conftest.py); the concurrency test sends 64 greedy
+streaming requests at once (8 tokens each), so they queue, join the running batch as others
+finish and share prefill and decode steps.
 """
 import asyncio
 import json
