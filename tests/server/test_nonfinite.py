@@ -79,7 +79,7 @@ async def sse(base, b):
 
 def test_stream_ends_with_error_event_after_the_good_tokens(nan_server, case, model):
     base, log = nan_server
-    p, t, _ = case
+    p, _, _ = case
     before = metric(base, "kernelgate:request_success_total", "error")
     events = asyncio.run(sse(base, body(p, stream=True)))
     assert events[-1] == "[DONE]"
@@ -115,7 +115,7 @@ def test_whole_response_is_500_and_openai_client_raises(nan_server, case):
 
 def test_failure_is_the_request_alone_and_frees_its_slot(nan_server, case, model):
     base, _ = nan_server
-    p, t, (good, good2) = case
+    _, t, (good, good2) = case
 
     async def both():
         async with httpx.AsyncClient(timeout=120) as c:
