@@ -15,6 +15,7 @@ are aborted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -165,17 +166,18 @@ class Responder:
             for i, j in enumerate(self.jobs):
                 yield self.chunk(i, j.prompt_text or "", [] if self.return_token_ids else None, None, first=True)
                 started.add(i)
-        async for i, d in merged(gens):
-            self.completion_tokens += len(d.token_ids)
-            failed = d.finish_reason == "error"
-            if d.text or d.token_ids or not failed:
-                first = self.return_token_ids and not self.chat and i not in started
-                yield self.chunk(i, d.text, d.token_ids, None if failed else d.finish_reason, first, d.logprobs)
-                started.add(i)
-            if failed:                 # leaving `merged` aborts the other choices
-                yield sse(APIError(500, _failure(d)).body())
-                yield "data: [DONE]\n\n"
-                return
+        async with contextlib.aclosing(merged(gens)) as outs:
+            async for i, d in outs:
+                self.completion_tokens += len(d.token_ids)
+                failed = d.finish_reason == "error"
+                if d.text or d.token_ids or not failed:
+                    first = self.return_token_ids and not self.chat and i not in started
+                    yield self.chunk(i, d.text, d.token_ids, None if failed else d.finish_reason, first, d.logprobs)
+                    started.add(i)
+                if failed:             # closing `merged` aborts the other choices
+                    yield sse(APIError(500, _failure(d)).body())
+                    yield "data: [DONE]\n\n"
+                    return
         if self.include_usage:
             yield sse({**self._head("chat.completion.chunk" if self.chat else "text_completion"),
                        "choices": [], "usage": self.usage()})
@@ -196,7 +198,8 @@ async def collect(gens: list) -> list[Choice]:
         c.text += d.text
         c.token_ids.extend(d.token_ids)
         if d.logprobs is not None:
-            c.logprobs = (c.logprobs or []) + d.logprobs
+            c.logprobs = c.logprobs or []
+            c.logprobs.extend(d.logprobs)
         if d.finish_reason is not None:
             c.finish_reason = d.finish_reason
     return out
