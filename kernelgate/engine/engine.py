@@ -38,6 +38,7 @@ class RequestOutput:
     prompt_len: int
     num_output_tokens: int
     error: str | None = None       # why, when finish_reason == "error"
+    logprobs: list | None = None   # TokenLogprobs per new token, when the request asked for them
 
 
 @dataclass
@@ -168,7 +169,7 @@ class Engine:
             if self.async_scheduling and launched[1]:
                 self._pending = (out, launched, self.last_step)
             else:
-                self.scheduler.resolve(out, self.runner.read(out.seqs, launched))
+                self.scheduler.resolve(out, *self.runner.read(out.seqs, launched))
                 self.read_step = self.last_step
         elif pending is not None:
             self._resolve(pending)
@@ -178,8 +179,9 @@ class Engine:
             upto = len(req.output) if req.pending is None else req.pending
             finished = req.done and req.pending is None
             if upto > sent or finished:
+                lps = req.logprobs[sent:upto] if req.params.logprobs is not None else None
                 outs.append(RequestOutput(rid, req.output[sent:upto], finished, req.finish_reason if finished else None,
-                                          len(req.prompt), upto, req.error if finished else None))
+                                          len(req.prompt), upto, req.error if finished else None, lps))
                 self._sent[rid] = upto
             if finished:
                 del self.requests[rid], self._sent[rid]
@@ -187,14 +189,14 @@ class Engine:
 
     def _resolve(self, pending) -> None:
         out, launched, self.read_step = pending
-        self.scheduler.resolve(out, self.runner.read(out.seqs, launched))
+        self.scheduler.resolve(out, *self.runner.read(out.seqs, launched))
 
     @staticmethod
     def _feed(pending, out):
         """The previous step's device tokens as this step's inputs, or None where they cannot
         serve: every sequence must be a one-token decode of a request whose input is the
         token that step sampled (its placeholder)."""
-        p_out, (toks, rows), _ = pending
+        p_out, (toks, rows, _), _ = pending
         if not rows:
             return None
         row_of = {id(p_out.seqs[i].req): j for j, i in enumerate(rows)}

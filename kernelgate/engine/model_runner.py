@@ -16,7 +16,7 @@ from .. import alloc
 from ..models.batch import StepBatch
 from . import memory
 from .graphs import DecodeGraphs, graph_api
-from .sampling import sample_async
+from .sampling import logprobs_async, read_logprobs, sample_async
 
 log = logging.getLogger("kernelgate.engine")
 
@@ -74,24 +74,31 @@ class ModelRunner:
         logits = self.run(meta) if tokens is None else self.run(meta, tokens)
         rows = [i for i, s in enumerate(seqs) if s.samples]
         if not rows:
-            return None, rows
+            return None, rows, None
         pick = logits if len(rows) == len(seqs) else logits[alloc.upload(torch.tensor(rows), logits.device)]
-        return sample_async(pick, [reqs[i].params for i in rows], [reqs[i].generator for i in rows]), rows
+        params = [reqs[i].params for i in rows]
+        toks = sample_async(pick, params, [reqs[i].generator for i in rows])
+        return toks, rows, logprobs_async(pick, toks, params)     # (None unless a request asked)
 
-    def read(self, seqs: list, launched) -> list:
-        """The tokens of a launched step, read back (waits for it) -> per seq: the token, None
-        (a chunk that does not reach the end of its tokens) or an error text."""
-        toks, rows = launched
+    def read(self, seqs: list, launched) -> tuple:
+        """The tokens of a launched step, read back (waits for it) -> (per seq: the token, None
+        (a chunk that does not reach the end of its tokens) or an error text; per seq: its
+        TokenLogprobs or None)."""
+        toks, rows, lp = launched[0], launched[1], launched[2] if len(launched) > 2 else None
         out: list = [None] * len(seqs)
-        for i, t in zip(rows, toks.tolist() if rows else []):
+        lps: list = [None] * len(seqs)
+        if not rows:
+            return out, lps
+        toks = toks.tolist()
+        for i, t, entry in zip(rows, toks, read_logprobs(lp, toks, [seqs[i].req.params for i in rows])):
             if t < 0:
                 out[i] = f"non-finite logits at position {seqs[i].start + seqs[i].n - 1}"
                 log.error("kernelgate: request %s: %s; finished with an error", seqs[i].req.request_id, out[i])
             else:
-                out[i] = t
-        return out
+                out[i], lps[i] = t, entry
+        return out, lps
 
-    def execute(self, seqs: list, fresh: tuple) -> list:
+    def execute(self, seqs: list, fresh: tuple) -> tuple:
         """`launch` then `read`: one step, waited for."""
         return self.read(seqs, self.launch(seqs, fresh))
 

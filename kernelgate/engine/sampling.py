@@ -1,7 +1,14 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seed.
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seed; and the
+log-probabilities of what was sampled.
 
 Each request owns its generator, so the tokens it draws do not depend on which other
 requests share the batch. temperature <= 0 is greedy (argmax).
+
+Logprobs (`SamplingParams.logprobs = k`) are those of the model's raw distribution,
+log_softmax(logits) in fp32, before temperature, top-k and top-p: what vLLM reports by
+default (its "raw_logprobs" mode). So they do not depend on the sampling settings, and a
+sampled token that top-k / top-p would never have dropped has the same logprob as under
+greedy decoding. Each sampled token gets its own logprob and the k most likely tokens.
 """
 from __future__ import annotations
 
@@ -10,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..platform import KernelgateError
+
+MAX_LOGPROBS = 20                    # alternatives per token, as vLLM's default max_logprobs
 
 
 @dataclass
@@ -20,6 +29,8 @@ class SamplingParams:
     top_p: float = 1.0               # 1.0 = off
     seed: int | None = None
     stop_token_ids: tuple = field(default_factory=tuple)
+    logprobs: int | None = None      # None = off; k >= 0: the sampled token's logprob + the top k
+
 
     def __post_init__(self):
         from .checks import is_int, require_int, require_number
@@ -35,6 +46,8 @@ class SamplingParams:
         if not isinstance(stops, (list, tuple, set, frozenset)) or not all(is_int(t) for t in stops):
             raise KernelgateError(f"generate: stop_token_ids must be a list of int token ids, got {stops!r}")
         self.stop_token_ids = tuple(int(t) for t in stops)
+        if self.logprobs is not None:
+            require_int(w, "logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
 
     @property
     def greedy(self) -> bool:
@@ -75,6 +88,45 @@ def sample_async(logits: torch.Tensor, params: list[SamplingParams], generators:
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
     """`sample_async`, read back: one host sync."""
     return sample_async(logits, params, generators).tolist()
+
+
+@dataclass
+class TokenLogprobs:
+    """One sampled token's entry: its logprob and the `k` most likely tokens, best first."""
+    logprob: float
+    top: list                        # [(token_id, logprob)], len k
+
+
+def logprobs_async(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]):
+    """logits [N, V] fp32 (the rows `sample_async` saw) and the tokens it drew, on the device ->
+    a handle for `read_logprobs` (None where no request asked for logprobs): the drawn token's
+    logprob and the top-k of the raw distribution per asking row, still on the device."""
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not want:
+        return None
+    dev = logits.device
+    sel = torch.tensor(want, device=dev)
+    lp = torch.log_softmax(logits.index_select(0, sel), dim=-1)                            # [W, V]
+    chosen = lp.gather(1, tokens.index_select(0, sel).clamp(min=0)[:, None])             # [W, 1]
+    k = min(max(params[i].logprobs for i in want), lp.shape[-1])
+    top = lp.topk(k, dim=-1)                                                                # [W, k]
+    # ids travel as fp32, exact below 2**24 (vocabularies are far smaller)
+    return want, k, torch.cat([chosen, top.values, top.indices.float()], dim=1)           # [W, 1 + 2k]
+
+
+def read_logprobs(handle, tokens: list[int], params: list[SamplingParams]) -> list:
+    """`logprobs_async`'s handle, read back (one host copy) -> per row a TokenLogprobs, or None
+    where the request asked for none (or its row was not finite: tokens[i] < 0)."""
+    out: list = [None] * len(params)
+    if handle is None:
+        return out
+    want, k, table = handle
+    for r, i in zip(table.tolist(), want):
+        if tokens[i] < 0:
+            continue
+        n = min(params[i].logprobs, k)
+        out[i] = TokenLogprobs(r[0], [(int(t), v) for t, v in zip(r[1 + k:1 + k + n], r[1:1 + n])])
+    return out
 
 
 def make_generator(seed: int | None, device) -> torch.Generator:

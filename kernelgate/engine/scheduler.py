@@ -40,6 +40,7 @@ class Request:
     num_preemptions: int = 0
     order: int = field(default_factory=lambda: next(_order))
     pending: int | None = None            # index in `output` of a token sampled but not read yet
+    logprobs: list = field(default_factory=list)   # TokenLogprobs per output token, if params.logprobs is set
 
     @property
     def done(self) -> bool:
@@ -137,11 +138,6 @@ class Scheduler:
             self.blocks.give_slot(req.slot)
             req.slot = None
 
-    def update(self, out: SchedulerOutput, sampled: list) -> None:
-        """sampled[i]: the token for out.seqs[i] if it samples (None otherwise), or an error text."""
-        self.advance(out)
-        self.resolve(out, sampled)
-
     def advance(self, out: SchedulerOutput) -> None:
         """The step `out` has been launched: its tokens are in the cache, and each sequence that
         samples holds a placeholder for its token (read later by `resolve`). The next step can be
@@ -160,11 +156,11 @@ class Scheduler:
             if len(req.output) >= req.params.max_new_tokens or req.num_tokens >= self.max_model_len:
                 self.finish(req, "length")
 
-    def resolve(self, out: SchedulerOutput, sampled: list) -> None:
+    def resolve(self, out: SchedulerOutput, sampled: list, logprobs: list | None = None) -> None:
         """Fill the placeholders of the launched step `out` with their tokens (or end the
         request with the error text); a stop token ends the request, and drops the placeholder
         of a later step already launched for it."""
-        for s, tok in zip(out.seqs, sampled):
+        for k, (s, tok) in enumerate(zip(out.seqs, sampled)):
             req = s.req
             if not s.samples or req.pending != s.start + s.n - len(req.prompt):
                 continue                   # aborted / stopped earlier: its placeholder is gone
@@ -174,6 +170,8 @@ class Scheduler:
                 self._end(req, "error", tok)
                 continue
             req.output[i] = tok
+            if logprobs is not None and logprobs[k] is not None:
+                req.logprobs.append(logprobs[k])        # one per output token, in order
             if tok in req.params.stop_token_ids:
                 self._end(req, "stop")
 

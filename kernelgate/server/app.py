@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI routes over one AsyncEngine.
+"""The HTTP app (Starlette, served by uvicorn): OpenAI routes over one AsyncEngine.
 
     GET  /v1/models              the served model (with max_model_len and vocab_size)
     POST /v1/completions         text or token-id prompts (one or a list), stream or not
@@ -9,6 +9,10 @@
 Every error is an OpenAI error body ({"error": {"message", "type", "param", "code"}}) with
 its status; an unexpected exception is logged here with its traceback and answered 500
 with a one-line message, never the traceback.
+
+Plain Starlette rather than FastAPI: request bodies are parsed and validated here
+(server/protocol.py), so FastAPI's layer would add only dependencies (FastAPI >= 0.16x pulls
+in OpenTelemetry), not function.
 """
 from __future__ import annotations
 
@@ -20,40 +24,39 @@ import logging
 import time
 import uuid
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from ..engine.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
 from .detokenizer import Detokenizer
 from .jobs import ModelInfo, chat_job, completion_jobs
+from .logprobs import LogprobsFormatter
 from .metrics import Metrics
-from .protocol import APIError, ChatRequest, CompletionRequest, parse
+from .protocol import APIError, ChatRequest, CompletionRequest, num_logprobs, parse
 from .responses import Responder, collect, deltas
 
 log = logging.getLogger("kernelgate.server")
 
 
 def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: str | None = None,
-               shutdown_timeout: float = 10.0) -> FastAPI:
+               shutdown_timeout: float = 10.0) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         await engine.shutdown(shutdown_timeout)     # drain, then abort what is left
 
-    app = FastAPI(title="kernelgate", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     created = int(time.time())
 
-    @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status)
 
-    @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
 
-    @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
         log.exception("kernelgate: unexpected error on %s", request.url.path)
         return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}".splitlines()[0]).body(),
@@ -66,31 +69,26 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
         if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
             raise APIError(401, f"{'wrong' if given else 'missing'} API key: send 'Authorization: Bearer <key>'")
 
-    @app.get("/health")
-    async def health():
+    async def health(request: Request):
         if engine.dead:
             return JSONResponse(APIError(503, engine.dead).body(), status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
-    async def metrics_text():
+    async def metrics_text(request: Request):
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    @app.get("/v1/models")
     async def models(request: Request):
         auth(request)
         card = {"id": info.name, "object": "model", "created": created, "owned_by": "kernelgate",
                 "root": info.name, "max_model_len": info.max_model_len, "vocab_size": info.vocab_size}
-        return {"object": "list", "data": [card]}
+        return JSONResponse({"object": "list", "data": [card]})
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
         auth(request)
         req = parse(CompletionRequest, await _json(request))
         jobs = completion_jobs(info, req)
         return await _serve(request, req, jobs, chat=False, echo=req.echo)
 
-    @app.post("/v1/chat/completions")
     async def chat(request: Request):
         auth(request)
         req = parse(ChatRequest, await _json(request))
@@ -98,7 +96,9 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
 
     async def _serve(request: Request, req, jobs: list, chat: bool, echo: bool):
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        resp = Responder(chat, info.name, jobs, req.return_token_ids, echo, include_usage)
+        lp = (None if num_logprobs(req) is None
+              else LogprobsFormatter(info.tokenizer, chat, req.return_tokens_as_token_ids))
+        resp = Responder(chat, info.name, jobs, req.return_token_ids, echo, include_usage, lp)
         streams = await _admit(resp.id, jobs)
         gens = [deltas(s, Detokenizer(info.tokenizer, j.stop, req.skip_special_tokens))
                 for s, j in zip(streams, jobs)]
@@ -140,7 +140,11 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
             raise
         return streams
 
-    return app
+    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_text, methods=["GET"]),
+              Route("/v1/models", models, methods=["GET"]), Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat, methods=["POST"])]
+    handlers = {APIError: _api_error, StarletteHTTPException: _http_error, Exception: _unexpected}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
 async def _json(request: Request):

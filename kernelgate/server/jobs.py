@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..engine.sampling import SamplingParams
 from ..platform import KernelgateError
-from .protocol import ChatRequest, CompletionRequest, bad, message_text, stop_strings
+from .protocol import ChatRequest, CompletionRequest, bad, message_text, num_logprobs, stop_strings
 
 
 @dataclass
@@ -55,7 +55,7 @@ def _params(info: ModelInfo, r, prompt_len: int, max_tokens: int | None, prompt_
         return SamplingParams(max_new_tokens=max_tokens,
                               temperature=1.0 if r.temperature is None else r.temperature,
                               top_k=max(r.top_k or 0, 0), top_p=1.0 if r.top_p is None else r.top_p,
-                              seed=r.seed, stop_token_ids=tuple(stops))
+                              seed=r.seed, stop_token_ids=tuple(stops), logprobs=num_logprobs(r))
     except KernelgateError as e:
         raise bad("body", str(e)) from None
 

@@ -3,13 +3,21 @@
 Fields kernelgate does not implement are refused with 400 when set to a non-default value,
 never silently ignored. Non-standard fields, as vLLM has them: `top_k`, `stop_token_ids`,
 `ignore_eos` (exact output lengths for benchmarks), `return_token_ids` (the token ids of
-the prompt and of each choice), `skip_special_tokens`.
+the prompt and of each choice), `skip_special_tokens`, `return_tokens_as_token_ids` (logprobs
+name tokens "token_id:N" instead of their text, which is ambiguous for partial characters).
+
+Logprobs (completions `logprobs: k`, chat `logprobs: true` + `top_logprobs: k`, k <= 20) are
+the raw model distribution's, before temperature / top-k / top-p, as vLLM reports them.
+`echo` with `logprobs` is refused: prompt tokens' logprobs would need every prompt
+position's logits, and a step computes only each sequence's last.
 """
 from __future__ import annotations
 
 import math
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..engine.sampling import MAX_LOGPROBS
 
 
 class APIError(Exception):
@@ -56,6 +64,7 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     return_token_ids: bool = False
     skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False
 
 
 class CompletionRequest(_Sampling):
@@ -123,19 +132,32 @@ def _check_common(r: _Sampling) -> None:
     if any(not s for s in stops):
         raise bad("stop", "stop strings must be non-empty")
     if isinstance(r, CompletionRequest):
-        if r.logprobs is not None:
-            raise bad("logprobs", "is not supported")
+        if r.logprobs is not None and not 0 <= r.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {r.logprobs}")
+        if r.echo and r.logprobs is not None:
+            raise bad("echo", "echo with logprobs is not supported (prompt tokens' logprobs are not "
+                              "computed); send echo or logprobs, not both")
         if r.suffix is not None:
             raise bad("suffix", "is not supported")
         if r.best_of not in (None, 1):
             raise bad("best_of", f"only best_of=1 is supported, got {r.best_of}")
     if isinstance(r, ChatRequest):
-        if r.logprobs or r.top_logprobs is not None:
-            raise bad("logprobs", "is not supported")
+        if r.top_logprobs is not None:
+            if not 0 <= r.top_logprobs <= MAX_LOGPROBS:
+                raise bad("top_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {r.top_logprobs}")
+            if not r.logprobs:
+                raise bad("top_logprobs", "needs logprobs: true")
         if r.max_completion_tokens is not None and r.max_completion_tokens < 1:
             raise bad("max_completion_tokens", f"must be >= 1, got {r.max_completion_tokens}")
         if not r.messages:
             raise bad("messages", "must not be empty")
+
+
+def num_logprobs(r: _Sampling) -> int | None:
+    """The request's alternatives per token, or None for no logprobs."""
+    if isinstance(r, ChatRequest):
+        return (r.top_logprobs or 0) if r.logprobs else None
+    return r.logprobs
 
 
 def stop_strings(r: _Sampling) -> list[str]:

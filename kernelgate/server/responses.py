@@ -2,12 +2,20 @@
 `data: [DONE]\\n\\n`), for /v1/completions and /v1/chat/completions alike.
 
 One engine output becomes one chunk (its text may be "" while the detokenizer holds back a
-partial character or a possible stop string), so a client sees every token's arrival time.
-A stop string ends the request early: leaving the engine stream aborts it.
+partial character or a possible stop string), so a client sees every token's arrival time;
+a chunk's logprobs are those of its tokens. A stop string ends the request early: leaving
+the engine stream aborts it.
+
+A request that fails in the engine (finish_reason "error": non-finite logits, a step that
+raised) never shows that finish_reason: as vLLM does, a whole response becomes 500 with an
+OpenAI error body, and a stream ends with an error event (`data: {"error": {..., "code":
+500}}`, then `data: [DONE]`) instead of its last chunk; the other choices of the request
+are aborted.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -15,6 +23,7 @@ from dataclasses import dataclass
 from ..engine.async_engine import RequestStream
 from .detokenizer import Detokenizer
 from .jobs import Job
+from .logprobs import LogprobsFormatter
 from .protocol import APIError
 
 
@@ -24,6 +33,16 @@ class Delta:
     token_ids: list
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list | None = None       # TokenLogprobs of token_ids, when asked for
+
+
+@dataclass
+class Choice:
+    """One job's whole output (non-streaming)."""
+    text: str
+    token_ids: list
+    finish_reason: str
+    logprobs: list | None = None
 
 
 async def deltas(stream: RequestStream, detok: Detokenizer):
@@ -32,13 +51,13 @@ async def deltas(stream: RequestStream, detok: Detokenizer):
         async for out in stream:
             text = detok.update(out.new_token_ids)
             if detok.stopped is not None:
-                yield Delta(text, out.new_token_ids, "stop")
+                yield Delta(text, out.new_token_ids, "stop", logprobs=out.logprobs)
                 return
             if out.finished:
                 text += detok.finish()
-                yield Delta(text, out.new_token_ids, out.finish_reason or "error", out.error)
+                yield Delta(text, out.new_token_ids, out.finish_reason or "error", out.error, out.logprobs)
                 return
-            yield Delta(text, out.new_token_ids)
+            yield Delta(text, out.new_token_ids, logprobs=out.logprobs)
     finally:
         stream.abort()      # no-op when finished; otherwise frees the slot now
 
@@ -81,8 +100,9 @@ class Responder:
     """Shapes deltas into one endpoint's OpenAI objects."""
 
     def __init__(self, chat: bool, model: str, jobs: list[Job], return_token_ids: bool, echo: bool,
-                 include_usage: bool):
+                 include_usage: bool, logprobs: LogprobsFormatter | None = None):
         self.chat, self.model, self.jobs = chat, model, jobs
+        self.logprobs = logprobs
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{time.time_ns():x}{id(self) & 0xffff:04x}"
         self.created = int(time.time())
         self.return_token_ids, self.echo, self.include_usage = return_token_ids, echo, include_usage
@@ -96,30 +116,36 @@ class Responder:
         return {"prompt_tokens": p, "completion_tokens": self.completion_tokens,
                 "total_tokens": p + self.completion_tokens}
 
-    def body(self, results: list[tuple[str, list, str]]) -> dict:
-        """Non-streaming response from (text, token_ids, finish_reason) per job."""
+    def _logprobs(self, i: int, ids: list, entries: list | None) -> dict | None:
+        return self.logprobs.format(i, ids, entries) if self.logprobs is not None else None
+
+    def body(self, results: list[Choice]) -> dict:
+        """Non-streaming response, one Choice per job."""
         choices = []
-        for i, (text, ids, reason) in enumerate(results):
+        for i, r in enumerate(results):
             job = self.jobs[i]
+            lp = self._logprobs(i, r.token_ids, r.logprobs)
             if self.chat:
-                c = {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                     "finish_reason": reason}
+                c = {"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": lp,
+                     "finish_reason": r.finish_reason}
             else:
-                c = {"index": i, "text": (job.prompt_text or "") + text if self.echo else text,
-                     "logprobs": None, "finish_reason": reason}
+                c = {"index": i, "text": (job.prompt_text or "") + r.text if self.echo else r.text,
+                     "logprobs": lp, "finish_reason": r.finish_reason}
             if self.return_token_ids:
-                c.update(prompt_token_ids=job.prompt_ids, token_ids=ids)
+                c.update(prompt_token_ids=job.prompt_ids, token_ids=r.token_ids)
             choices.append(c)
-        self.completion_tokens = sum(len(ids) for _, ids, _ in results)
+        self.completion_tokens = sum(len(r.token_ids) for r in results)
         return {**self._head("chat.completion" if self.chat else "text_completion"),
                 "choices": choices, "usage": self.usage()}
 
-    def chunk(self, i: int, text: str | None, ids: list | None, reason: str | None, first: bool) -> str:
+    def chunk(self, i: int, text: str | None, ids: list | None, reason: str | None, first: bool,
+              logprobs: list | None = None) -> str:
+        lp = self._logprobs(i, ids, logprobs) if ids else None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-            c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            c = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": reason}
         else:
-            c = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+            c = {"index": i, "text": text or "", "logprobs": lp, "finish_reason": reason}
         if self.return_token_ids and ids is not None:
             c["token_ids"] = ids
             if first:
@@ -130,7 +156,7 @@ class Responder:
         return sse(obj)
 
     async def stream(self, gens: list):
-        """SSE text for all jobs; an engine error ends with an error event."""
+        """SSE text for all jobs; an engine error ends it with an error event (see the top)."""
         started = set()
         if self.chat:          # OpenAI opens every chat stream with the role
             for i in range(len(self.jobs)):
@@ -140,38 +166,43 @@ class Responder:
             for i, j in enumerate(self.jobs):
                 yield self.chunk(i, j.prompt_text or "", [] if self.return_token_ids else None, None, first=True)
                 started.add(i)
-        failed = None
-        async for i, d in merged(gens):
-            self.completion_tokens += len(d.token_ids)
-            if self.return_token_ids and i not in started and not self.chat:
-                yield self.chunk(i, d.text, d.token_ids, d.finish_reason, first=True)
-            else:
-                yield self.chunk(i, d.text, d.token_ids, d.finish_reason, first=False)
-            started.add(i)
-            if d.finish_reason == "error":
-                failed = d.error or "engine error"
-        if failed is not None:
-            yield sse(APIError(500, failed).body())
-        elif self.include_usage:
+        async with contextlib.aclosing(merged(gens)) as outs:
+            async for i, d in outs:
+                self.completion_tokens += len(d.token_ids)
+                failed = d.finish_reason == "error"
+                if d.text or d.token_ids or not failed:
+                    first = self.return_token_ids and not self.chat and i not in started
+                    yield self.chunk(i, d.text, d.token_ids, None if failed else d.finish_reason, first, d.logprobs)
+                    started.add(i)
+                if failed:             # closing `merged` aborts the other choices
+                    yield sse(APIError(500, _failure(d)).body())
+                    yield "data: [DONE]\n\n"
+                    return
+        if self.include_usage:
             yield sse({**self._head("chat.completion.chunk" if self.chat else "text_completion"),
                        "choices": [], "usage": self.usage()})
         yield "data: [DONE]\n\n"
 
 
-async def collect(gens: list) -> list[tuple[str, list, str]]:
-    """Run every job to the end -> (text, token_ids, finish_reason) each; APIError 500 on an
-    engine error."""
-    texts = [[] for _ in gens]
-    ids = [[] for _ in gens]
-    reasons = [None] * len(gens)
+def _failure(d: Delta) -> str:
+    return f"request failed in the engine: {d.error or 'unknown error'}"
+
+
+async def collect(gens: list) -> list[Choice]:
+    """Run every job to the end -> one Choice each; APIError 500 on an engine error."""
+    out = [Choice("", [], "") for _ in gens]
     async for i, d in merged(gens):
-        texts[i].append(d.text)
-        ids[i].extend(d.token_ids)
         if d.finish_reason == "error":
-            raise APIError(500, f"request failed in the engine: {d.error or 'unknown error'}")
+            raise APIError(500, _failure(d))
+        c = out[i]
+        c.text += d.text
+        c.token_ids.extend(d.token_ids)
+        if d.logprobs is not None:
+            c.logprobs = c.logprobs or []
+            c.logprobs.extend(d.logprobs)
         if d.finish_reason is not None:
-            reasons[i] = d.finish_reason
-    return [("".join(t), x, r) for t, x, r in zip(texts, ids, reasons)]
+            c.finish_reason = d.finish_reason
+    return out
 
 
 def sse(obj: dict) -> str:

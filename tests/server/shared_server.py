@@ -21,6 +21,15 @@ from pathlib import Path
 
 import httpx
 
+MAX_SEQS, MAX_LEN = 8, 1024          # the built-in model's server in these tests (conftest.py)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_folder(tmp_path_factory) -> Path:
+    """A folder every xdist worker of this run sees (for the shared servers' state files)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -44,7 +53,8 @@ def _read(state: Path):
 
 def _start(args: list, cwd: Path, log: Path, timeout: float = 240):
     port = _free_port()
-    env = {**os.environ, "KERNELGATE_PLATFORM": "", "KERNELGATE_FORCE": ""}
+    # one intra-op thread: the server shares the CI machine's 2 cores with the test workers
+    env = {**os.environ, "KERNELGATE_PLATFORM": "", "KERNELGATE_FORCE": "", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "kernelgate", "serve", "--port", str(port), *args],
                                 cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)

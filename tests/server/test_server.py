@@ -3,49 +3,23 @@ driven by the official openai client and raw HTTP. Its outputs are checked again
 `kernelgate.generate()` on the same seeded built-in model, built here.
 
 Sizes (CI: 2 cores, the whole module well under a minute): the server runs
---max-num-seqs 8 --max-model-len 1024; the concurrency test sends 32 greedy streaming
-requests at once (8 tokens each), so they queue, join the running batch as others finish
-and share prefill and decode steps.
+--max-num-seqs 8 --max-model-len 1024 (conftest.py); the concurrency test sends 64 greedy
+streaming requests at once (8 tokens each), so they queue, join the running batch as others
+finish and share prefill and decode steps.
 """
 import asyncio
 import json
-import os
 import random
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from shared_server import shared_server
+from shared_server import MAX_LEN
 
 import kernelgate
-from kernelgate.cli.model import BUILTIN, builtin_model
+from kernelgate.cli.model import BUILTIN
 
-ROOT = Path(__file__).resolve().parents[2]
-MAX_SEQS, MAX_LEN = 8, 1024
-N_CONCURRENT, N_TOKENS = 32, 8
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """Base URL of the running server (shared by the xdist workers); its owner stops it with
-    SIGTERM at the end and checks rc 0 within seconds and no traceback in its log."""
-    base = tmp_path_factory.getbasetemp()
-    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    with shared_server(folder, ["--max-num-seqs", str(MAX_SEQS), "--max-model-len", str(MAX_LEN),
-                                "--log-level", "warning"], ROOT) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def model():
-    return builtin_model()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+N_CONCURRENT, N_TOKENS = 64, 8
 
 
 def offline(model, prompt_ids, n=N_TOKENS, **kw):
@@ -229,7 +203,8 @@ BAD = [
     ("token id outside vocab", {"prompt": [1, 512]}, "prompt", "[0, 512)"),
     ("empty prompt", {"prompt": ""}, "prompt", "must not be empty"),
     ("n=2", {"prompt": "hi", "n": 2}, "n", "only n=1"),
-    ("logprobs", {"prompt": "hi", "logprobs": 1}, "logprobs", "not supported"),
+    ("logprobs above 20", {"prompt": "hi", "logprobs": 21}, "logprobs", "must be in [0, 20], got 21"),
+    ("echo with logprobs", {"prompt": "hi", "echo": True, "logprobs": 1}, "echo", "echo with logprobs is not"),
     ("empty stop", {"prompt": "hi", "stop": [""]}, "stop", "non-empty"),
     ("stop_token_ids outside vocab", {"prompt": "hi", "stop_token_ids": [9999]}, "stop_token_ids", "[0, 512)"),
 ]
@@ -238,6 +213,12 @@ BAD_CHAT = [
     ("messages not a list", {"messages": "hi"}, "messages", "valid list"),
     ("message without role", {"messages": [{"content": "hi"}]}, "messages.0.role", "Field required"),
     ("chat top_p", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p", "(0, 1]"),
+    ("top_logprobs without logprobs", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     "top_logprobs", "needs logprobs: true"),
+    ("top_logprobs above 20", {"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                               "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
+    ("logprobs not a bool", {"messages": [{"role": "user", "content": "x"}], "logprobs": 2}, "logprobs",
+     "valid boolean"),
 ]
 
 
