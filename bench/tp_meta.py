@@ -61,7 +61,7 @@ def main() -> None:
         port = s.getsockname()[1]
     base = [sys.executable, __file__, "--batch", str(args.batch), "--blocks", str(args.blocks), "--n", str(args.n),
             "--port", str(port)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}   # Gloo ranks on the CPU, also on a GPU host
     peer = subprocess.Popen([*base, "--rank", "1"], env=env)
     subprocess.run([*base, "--rank", "0"], env=env, check=True)
     peer.wait()
