@@ -16,6 +16,7 @@ pickled object after a header that says so.
 """
 from __future__ import annotations
 
+import array
 import os
 from datetime import timedelta
 
@@ -170,12 +171,14 @@ class Groups:
     def command(self, op: str, arg=None) -> None:
         """Rank 0: every rank's next_command() returns (op, arg)."""
         words = frame(op, arg)
+        # (via array: torch.tensor(list) is 4x slower, ~270 us for a B=64 step at 2k context)
+        packed = torch.frombuffer(array.array("i", words), dtype=torch.int32)
         head = self._head
         n = min(len(words), HEAD)
-        head[:n] = torch.tensor(words[:n], dtype=torch.int32)
+        head[:n] = packed[:n]
         dist.broadcast(head, 0, group=self.cpu)
         if len(words) > HEAD:
-            dist.broadcast(torch.tensor(words[HEAD:], dtype=torch.int32), 0, group=self.cpu)
+            dist.broadcast(packed[HEAD:].clone(), 0, group=self.cpu)
         if op != "step":
             self.broadcast((op, arg))
 
