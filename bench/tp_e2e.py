@@ -1,6 +1,7 @@
 """Tensor / expert parallel end to end: TP=1 vs TP=2 (expert parallel on), through kernelgate.generate.
 
-    PYTHONPATH=. python bench/tp_e2e.py [--layers 4] [--ckpt /tmp/kg-tp-ckpt] [--steps 64] [--profile]
+    PYTHONPATH=. python bench/tp_e2e.py [--layers 4] [--ckpt /tmp/kg-tp-ckpt] [--profile]
+    KERNELGATE_GRAPHS=0 PYTHONPATH=. python bench/tp_e2e.py ...     # the same, decoding eagerly
 
 Needs two devices (nvidia-h200-x2: NCCL, NVLink multicast off: NCCL_NVLS_ENABLE=0 is set for
 every process). Writes a random bf16 checkpoint at Kimi-Linear-48B-A3B widths once, then runs
@@ -8,9 +9,13 @@ each configuration in a fresh process (clean memory counters, one process group 
   - correctness: TP=2 logits of a 2 x 48 token forward vs TP=1 (bf16: rel err printed; random
     weights put MoE routing near ties, so bf16 flips a few experts; > 0.1 is flagged);
   - decode tok/s at B=64 and the decode step at B=1 (ms), captured decode graphs, cache pinned;
+  - per rank: decode graph shapes captured (every rank replays the same graphs, NCCL
+    all-reduces inside), or why that rank decodes eagerly;
   - per-device peak memory (torch's max_memory_allocated on every rank);
   - the byte floor of the B=1 step per device (weights a B=1 step reads / 4245 GB/s copy bw);
-  - --profile: the all-reduce (NCCL kernel) share of an eager TP=2 decode step (rank 0).
+  - --profile: the all-reduce share of TP=2 decode steps at B=1 and B=64 on rank 0, as they run
+    (captured graphs unless KERNELGATE_GRAPHS=0): NCCL kernel time / all kernel time, and NCCL
+    microseconds per step.
 Targets (issue 17): B=64 tok/s at TP=2 >= 1.6x TP=1; B=1 step at TP=2 <= 0.7x TP=1.
 """
 from __future__ import annotations
@@ -86,32 +91,48 @@ def child(args) -> None:
     if tp == 1:
         out["peak_gib"] = [torch.cuda.max_memory_allocated() / 2**30]
     else:
-        out["peak_gib"] = [s["peak_bytes"] / 2**30 for s in model.rank_stats()]
-    if args.profile and tp > 1:
-        out["allreduce_share"] = profile_share(model)
+        stats = model.rank_stats()
+        out["peak_gib"] = [s["peak_bytes"] / 2**30 for s in stats]
+        out["graphs"] = [s["graphs"] if s["graphs_off"] is None else f"off: {s['graphs_off']}" for s in stats]
+        if args.profile:
+            out["allreduce"] = {f"B{b}": profile_share(model, b) for b in (1, 64)}
     torch.save(logits, args.out + ".logits.pt")
     Path(args.out).write_text(json.dumps(out))
     if tp > 1:
         model.close()
 
 
-def profile_share(model) -> float:
-    """NCCL kernels' share of device time over 16 eager B=8 decode steps on rank 0."""
+def profile_share(model, batch: int, steps: int = 16) -> dict:
+    """All-reduce share of `steps` decode steps of `batch` sequences on rank 0, as the engine runs
+    them (graphs captured before the profile starts): NCCL kernels' time over all kernels' time."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    import kernelgate
-    prompts = [[i + 1] * PROMPT for i in range(8)]
+    from kernelgate.engine import Engine, SamplingParams
+    warm = 4
+    eng = Engine(model, max_num_seqs=batch, max_model_len=PROMPT + warm + steps + 8,
+                 num_cache_blocks=batch * -(-(PROMPT + warm + steps + 8) // 64))
+    g = torch.Generator().manual_seed(2)
+    for i in range(batch):
+        eng.add_request(str(i), torch.randint(0, 160000, (PROMPT,), generator=g).tolist(),
+                        SamplingParams(max_new_tokens=warm + steps + 4, stop_token_ids=()))
+    while eng.last_step is None or eng.last_step.kind != "decode":
+        eng.step()
+    for _ in range(warm):                      # any capture happens here, not in the profile
+        eng.step()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        kernelgate.generate(model, prompts, max_new_tokens=16, graphs=False, stop_token_ids=[],
-                            num_cache_blocks=8 * 2)
-    total = nccl = 0.0
-    for e in prof.key_averages():
-        t = e.device_time_total
-        total += t
-        if "nccl" in e.key.lower():
-            nccl += t
-    return nccl / total if total else 0.0
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    total = sum(e.time_range.elapsed_us() for e in kernels)
+    nccl = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
+    n_nccl = sum(1 for e in kernels if "nccl" in e.name.lower())
+    eng.close()
+    return {"share": nccl / total if total else 0.0, "nccl_us_per_step": nccl / steps,
+            "nccl_kernels_per_step": n_nccl / steps, "kernel_us_per_step": total / steps}
 
 
 def main() -> None:
@@ -160,8 +181,11 @@ def main() -> None:
     print(f"| B=64 byte floor per device (ms) | {f1:.3f} | {f2:.3f} | | |")
     print(f"| peak memory per device (GiB) | {', '.join(f'{x:.2f}' for x in res[1]['peak_gib'])} | "
           f"{', '.join(f'{x:.2f}' for x in res[2]['peak_gib'])} | | |")
-    if "allreduce_share" in res[2]:
-        print(f"| all-reduce share of an eager B=8 step (rank 0) | | {100 * res[2]['allreduce_share']:.1f}% | | |")
+    for b, a in res[2].get("allreduce", {}).items():
+        print(f"| all-reduce share of a {b} decode step (rank 0) | | {100 * a['share']:.1f}% "
+              f"({a['nccl_us_per_step']:.0f} of {a['kernel_us_per_step']:.0f} us kernel time, "
+              f"{a['nccl_kernels_per_step']:.0f} NCCL kernels) | | |")
+    print(f"\ndecode graphs per rank at TP=2 (shapes captured, or why eager): {res[2].get('graphs')}")
 
 
 if __name__ == "__main__":

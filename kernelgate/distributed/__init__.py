@@ -6,6 +6,7 @@
 group.py   process groups (model collectives on nccl / xccl / hccl / gloo; metadata on gloo)
 launch.py  worker ranks: spawned here or from torchrun's environment; fault monitor
 worker.py  a worker rank's command loop
+runner.py  the model runner every rank uses (decode graphs agreed over the ranks, one cache size)
 driver.py  ParallelModel (the driver's handle) and the runner that broadcasts each step
 The model side (which slice each rank holds, the collectives) is kernelgate/models/parallel.py.
 """

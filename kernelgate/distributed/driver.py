@@ -5,59 +5,43 @@ rank 0 -- this process -- holds its own shard and tells the other ranks what to 
 `Engine` given one builds a `DriverRunner` on every rank in lockstep (each rank profiles and
 sizes its cache; they agree on the smallest block count); each step the driver's scheduler
 decides, `DriverRunner.run` broadcasts the step's metadata (tokens, lengths, slots, starts,
-block tables, slots / blocks to zero), every rank runs the same step on its shard (captured
-decode graphs included), and the driver samples from the gathered logits.
+block tables, slots / blocks to zero: int words, one tensor broadcast), every rank runs the
+same step on its shard (the same captured decode graph where the device has graphs), and
+the driver samples from the gathered logits. Any failure once the ranks are inside a step
+ends the group with an error naming the rank (launch.Workers.lockstep).
 """
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
 import torch
 
-from ..engine.graphs import DecodeGraphs
-from ..engine.model_runner import ModelRunner
 from ..models.config import KimiLinearConfig
 from ..models.loader import _dtype, load_model, load_tokenizer, save_checkpoint
 from ..models.parallel import check_config
 from ..platform import KernelgateError
 from . import launch
+from .runner import RankRunner
 
 
-def reconcile(runner: ModelRunner, groups) -> None:
-    """Every rank takes the smallest cache block count any rank could afford."""
-    counts = groups.gather(runner.capacity.num_blocks)
-    least = min(counts)
-    if runner.capacity.num_blocks == least:
-        return
-    cap = dataclasses.replace(runner.capacity, num_blocks=least, source=runner.capacity.source + ", least over ranks")
-    runner.capacity = cap
-    runner.cache = None
-    runner.cache = runner.model.new_cache(cap.num_slots + 1, least + 1, runner.block_size)
-    runner.scratch = (cap.num_slots, least)
-    if runner.graphs is not None:
-        runner.graphs = DecodeGraphs(runner.model, runner.cache, runner.scratch, runner.max_model_len)
-
-
-class DriverRunner(ModelRunner):
+class DriverRunner(RankRunner):
     """Rank 0's runner: each step's metadata goes to every rank before the shared step."""
 
     feeds_back = False    # the ranks get host token ids: a step cannot take the last one's unread tokens
 
     def __init__(self, owner: "ParallelModel", *args):
         self.owner = owner
-        super().__init__(owner.shard, *args)
+        super().__init__(owner.workers.groups, owner.shard, *args)
 
     def run(self, meta: dict) -> torch.Tensor:
         w = self.owner.live()
         try:
-            w.groups.broadcast(("step", meta))
-            return super().run(meta)
-        except KernelgateError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a collective failed: name the rank that died
+            w.groups.command("step", meta)
+        except Exception as e:  # noqa: BLE001 - a rank is gone: name it
             raise w.failure(e) from None
+        with w.lockstep("a step"):
+            return super().run(meta)
 
 
 class ParallelModel:
@@ -79,7 +63,6 @@ class ParallelModel:
             self._tmp = tempfile.TemporaryDirectory(prefix="kernelgate-tp-")
             folder = save_checkpoint(source, self._tmp.name)
             dtype = dtype or source.dtype
-        launch.check_world_size(size)
         check_config(config, size, expert_parallel)       # before any process starts
         dt = _dtype(dtype, config)
         self.size, self.expert_parallel, self.config = size, expert_parallel, config
@@ -89,8 +72,9 @@ class ParallelModel:
         w.owner = self
         arg = {"path": str(folder), "dtype": dt, "expert_parallel": expert_parallel}
         self.shard = None
+        w.groups.graph_state = (0, "no runner yet")
         try:
-            w.groups.broadcast(("load", arg))
+            w.groups.command("load", arg)
             err = None
             try:
                 self.shard = load_model(folder, device=w.groups.device, dtype=dt,
@@ -104,13 +88,15 @@ class ParallelModel:
             raise err
         bad = [(r, m) for r, m in enumerate(errs) if m is not None and r != 0]
         if bad:
-            raise KernelgateError(f"tensor parallel: rank {bad[0][0]}: {bad[0][1]}")
+            raise KernelgateError(f"tensor parallel: rank {bad[0][0]} of {size}: {launch.one_line(bad[0][1])}")
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(folder)
 
     # ---- model-like surface
     @property
     def device(self) -> torch.device:
-        self.live()
+        """rank 0's device (also after a fault: an engine's cleanup asks for it)."""
+        if self.shard is None:
+            self.live()
         return self.shard.device
 
     @property
@@ -143,43 +129,48 @@ class ParallelModel:
             raise KernelgateError(f"ParallelModel: token ids must be in [0, {V}), got "
                                   f"[{int(token_ids.min())}, {int(token_ids.max())}]")
         try:
-            w.groups.broadcast(("forward", token_ids))
-            return self.shard(token_ids)
-        except KernelgateError:
-            raise
+            w.groups.command("forward", token_ids)
         except Exception as e:  # noqa: BLE001
             raise w.failure(e) from None
+        with w.lockstep("a forward"):
+            return self.shard(token_ids)
 
     def make_runner(self, *args) -> DriverRunner:
         """ModelRunner(*args) on every rank (they profile together), one block count for all."""
         w = self.live()
         try:
-            w.groups.broadcast(("runner", args))
-            err, runner = None, None
-            try:
-                runner = DriverRunner(self, *args)
-            except Exception as e:  # noqa: BLE001
-                err = e
-            errs = w.groups.gather(None if err is None else str(err))
-            if err is not None:
-                raise err
-            bad = [(r, m) for r, m in enumerate(errs) if m is not None]
-            if bad:
-                raise KernelgateError(f"tensor parallel: rank {bad[0][0]}: {bad[0][1]}")
-            reconcile(runner, w.groups)
-            return runner
-        except KernelgateError:
-            raise
+            w.groups.command("runner", args)
         except Exception as e:  # noqa: BLE001
             raise w.failure(e) from None
+        err, runner = None, None
+        with w.lockstep("the runner's profile step"):
+            try:
+                runner = DriverRunner(self, *args)
+            except Exception as e:  # outside the profile step: the other ranks still gather
+                if getattr(e, "kernelgate_midstep", False):
+                    raise
+                err = e
+        try:
+            errs = w.groups.gather(None if err is None else str(err))
+            if err is None and not any(errs):
+                runner.reconcile()
+        except Exception as e:  # noqa: BLE001
+            raise w.failure(e) from None
+        if err is not None:
+            raise err
+        bad = [(r, m) for r, m in enumerate(errs) if m is not None]
+        if bad:
+            raise KernelgateError(f"tensor parallel: rank {bad[0][0]} of {self.size}: {launch.one_line(bad[0][1])}")
+        return runner
 
     def rank_stats(self) -> list:
-        """Per rank: {device, peak_bytes, allocated_bytes} of device memory (None on the CPU)."""
+        """Per rank: {device, peak_bytes, allocated_bytes} of device memory (None on the CPU) and
+        {graphs, graphs_off}: decode graph shapes captured by the last engine's runner, or why none."""
         from .worker import device_stats
         w = self.live()
         try:
-            w.groups.broadcast(("stats", None))
-            return w.groups.gather(device_stats(w.groups.device))
+            w.groups.command("stats")
+            return w.groups.gather(device_stats(w.groups))
         except Exception as e:  # noqa: BLE001
             raise w.failure(e) from None
 

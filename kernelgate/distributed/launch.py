@@ -10,11 +10,19 @@ cause (its own report, or its exit code / signal). The driver's next collective 
 (Gloo: the peer's sockets close) and `failure()` turns that into one error naming the rank;
 where a collective would hang instead (a device backend waits for its peer), the monitor
 ends the job itself after a grace period, with the same message.
+
+The driver's own failure while the ranks run a command together (`lockstep()`: a step, a
+forward, the profile step of a runner) leaves the other ranks inside a collective that rank 0
+will never join: the group cannot be resynchronised, so it is torn down (workers killed,
+process group aborted) and the error names rank 0 and the cause. Under torchrun, where the
+driver cannot kill its peers, their collective timeout (KERNELGATE_DIST_TIMEOUT) ends them.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,8 +35,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..platform import KernelgateError
-from .group import Groups, check_world_size
-from .worker import Worker
+from .group import Groups, check_world_size, collective_timeout, nccl_env
+from .worker import Worker, describe
 
 START_TIMEOUT_S = 120.0      # all ranks must join by then (a rank that dies says so at once)
 GRACE_S = 10.0               # a dead rank not surfaced by the driver by then ends the job
@@ -51,11 +59,27 @@ def _cause(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+def one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " | ", str(text).strip())
+
+
+def _from_collective(e: BaseException) -> bool:
+    """Whether `e` was raised inside torch.distributed (a peer gone, a timeout), not by our code."""
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and f"torch{os.sep}distributed{os.sep}" in last
+
+
 class Workers:
     def __init__(self, groups: Groups | None, procs: list, store, size: int):
         self.groups, self.procs, self.store = groups, procs, store
         self.size = size
-        self.failed: tuple | None = None       # (rank, cause)
+        self.failed: tuple | None = None       # (rank, what happened to it)
         self.surfaced = False
         self.closed = False
         self.owner = None                      # the ParallelModel whose shard the ranks hold
@@ -67,13 +91,14 @@ class Workers:
     @classmethod
     def spawn(cls, size: int) -> "Workers":
         check_world_size(size)
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        collective_timeout()                     # a bad KERNELGATE_DIST_TIMEOUT: an error before any process starts
+        nccl_env()
         host, port = "127.0.0.1", _free_port()
         store = dist.TCPStore(host, port, size, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=START_TIMEOUT_S))
         # a fresh interpreter per rank (not multiprocessing's spawn: that re-runs the caller's __main__)
         root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "NCCL_NVLS_ENABLE": "0",
+        env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
         procs = [subprocess.Popen([sys.executable, "-m", "kernelgate.distributed", str(r), str(size), host,
                                    str(port)], env=env) for r in range(1, size)]
@@ -81,12 +106,12 @@ class Workers:
         for r, p in enumerate(procs, start=1):     # wait for each rank, or its death
             while not store.check([f"kernelgate/ready/{r}"]):
                 if p.poll() is not None:
-                    msg = _report(store, r) or _cause(p.returncode)
+                    msg = one_line(_report(store, r) or _cause(p.returncode))
                     _kill(procs)
-                    raise KernelgateError(f"tensor parallel: rank {r} failed to start: {msg}")
+                    raise KernelgateError(f"tensor parallel: rank {r} of {size} failed to start: {msg}")
                 if time.monotonic() - t0 > START_TIMEOUT_S:
                     _kill(procs)
-                    raise KernelgateError(f"tensor parallel: rank {r} did not start within {START_TIMEOUT_S:.0f} s")
+                    raise KernelgateError(f"tensor parallel: rank {r} of {size} did not start within {START_TIMEOUT_S:.0f} s")
                 time.sleep(0.02)
         # watched from here on: a rank dying in the rendezvous ends the job. The monitor reads the
         # workers' reports through its own store connection (the driver's may be blocked in a wait)
@@ -118,7 +143,8 @@ class Workers:
                 if p.poll() is not None and not self.closed:
                     time.sleep(0.05)         # its last words may still be on the way
                     report = _report(self.store, r)
-                    self.failed = (r, f"{_cause(p.returncode)}" + (f": {report}" if report else ""))
+                    if self.failed is None:
+                        self.failed = (r, f"died ({_cause(p.returncode)}" + (f": {one_line(report)})" if report else ")"))
                     deadline = time.monotonic() + GRACE_S
                     while time.monotonic() < deadline and not self.surfaced:
                         time.sleep(0.05)
@@ -130,26 +156,58 @@ class Workers:
             time.sleep(0.1)
 
     def message(self) -> str:
-        r, cause = self.failed
-        return f"tensor parallel: rank {r} of {self.size} died ({cause})"
+        r, what = self.failed
+        return f"tensor parallel: rank {r} of {self.size} {what}"
 
     def failure(self, e: BaseException) -> KernelgateError:
-        """The error to raise for a collective that failed with `e`: names the dead rank if any."""
-        deadline = time.monotonic() + 5.0
+        """The error to raise for a collective that failed with `e`: names the dead rank if any.
+        The group is torn down either way (a failed collective leaves the ranks out of step)."""
+        timed_out = re.search(r"timed? ?out", str(e), re.IGNORECASE) is not None
+        # a peer's death closes its sockets a moment before its exit status shows: wait for the monitor
+        deadline = time.monotonic() + (0.0 if timed_out else 2.0)
         while self.failed is None and time.monotonic() < deadline and self.procs:
             time.sleep(0.05)
-        self.surfaced = True
         if self.failed is None:
-            return KernelgateError(f"tensor parallel: collective failed on the driver: {type(e).__name__}: {e}")
-        msg = self.message()
+            if timed_out and self.groups is not None:
+                what = f"timed out after {self.groups.timeout_s:g} s (KERNELGATE_DIST_TIMEOUT): a peer is stuck"
+            else:
+                what = f"failed: {one_line(describe(e))}"
+            self.failed = (0, f"(the driver): a collective {what}; the other ranks were stopped")
         self.abandon()
-        return KernelgateError(msg)
+        return KernelgateError(self.message())
+
+    @contextlib.contextmanager
+    def lockstep(self, what: str):
+        """The driver's part of a command every rank runs with model collectives: any failure
+        here ends the group (the other ranks may be waiting inside a collective)."""
+        try:
+            yield
+        except KernelgateError as e:
+            if self.closed and self.failed is not None:
+                raise                                # already surfaced (a nested lockstep)
+            self._driver_failed(e, what)
+            raise KernelgateError(self.message()) from None
+        except Exception as e:  # noqa: BLE001
+            if _from_collective(e):
+                raise self.failure(e) from None
+            self._driver_failed(e, what)
+            raise KernelgateError(self.message()) from None
+        except BaseException:                        # KeyboardInterrupt, SystemExit: stop the ranks, re-raise
+            self.abandon()
+            raise
+
+    def _driver_failed(self, e: BaseException, what: str) -> None:
+        if self.failed is None:
+            cause = one_line(describe(e))
+            self.failed = (0, f"(the driver) failed during {what}: {cause}; the other ranks were stopped")
+        self.abandon()
 
     def abandon(self) -> None:
         """After a fault: stop every rank; this group cannot be used again."""
+        self.surfaced = True
         self.closed = True
         _kill(self.procs)
-        _forget(self)
+        _forget(self, abort=True)
 
     def close(self) -> None:
         if self.closed:
@@ -157,7 +215,7 @@ class Workers:
         self.closed = True
         try:
             if self.groups is not None:
-                self.groups.broadcast(("exit", None))
+                self.groups.command("exit")
         except Exception:  # noqa: BLE001 - a rank already gone
             pass
         for p in self.procs:
@@ -191,12 +249,12 @@ def _kill(procs) -> None:
 _live: dict = {}
 
 
-def _forget(w: Workers) -> None:
+def _forget(w: Workers, abort: bool = False) -> None:
     if _live.get("workers") is w:
         del _live["workers"]
     try:
         if w.groups is not None:
-            w.groups.close()
+            w.groups.abort() if abort else w.groups.close()
     except Exception:  # noqa: BLE001
         pass
 

@@ -1,14 +1,24 @@
 """A worker rank (1..N-1): follows the driver's commands until told to exit.
 
-Commands (broadcast by rank 0 on the metadata group): load a shard, build a model runner,
-run a step with the driver's metadata, run a plain forward, exit. Load and runner builds end
-with a status gather (an error names its rank); a failure inside a step cannot be answered
-in lockstep, so the worker reports it on its error queue and exits: the driver's pending
-collective fails and it raises with that report.
+Commands (rank 0's broadcasts on the command group): load a shard, build a model runner, run
+a step with the driver's metadata, run a plain forward, report memory, exit. A load, and a
+runner build outside its profile step, end with a status gather (an error names its rank;
+the group stays usable). A failure while the ranks run model collectives together (a step,
+a forward, the runner's profile step) cannot be answered in lockstep: the worker leaves its
+last words in the rendezvous store, prints them and exits; the driver's pending collective
+fails and it raises with that report (launch.py).
+
+A spawned worker never outlives its driver (it polls its parent) and ignores SIGINT: Ctrl-C
+reaches the whole foreground process group, and the driver alone decides what stops.
+
+Fault injection for tests: KERNELGATE_DIST_FAULT="RANK:COMMAND[:N]" makes rank RANK raise on
+its N-th (default first) COMMAND (step, forward, load, runner), or with COMMAND `start`, exit
+before joining the rendezvous.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -19,12 +29,36 @@ import torch
 from ..platform import KernelgateError
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
     if isinstance(e, KernelgateError):
         return str(e)
     tb = traceback.extract_tb(e.__traceback__)
     where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
     return f"{type(e).__name__}: {e}{where}"
+
+
+class _Fault:
+    """KERNELGATE_DIST_FAULT for this rank: (command, n) or nothing."""
+
+    def __init__(self, rank: int):
+        self.op, self.left = None, 0
+        raw = os.environ.get("KERNELGATE_DIST_FAULT", "").strip()
+        if not raw:
+            return
+        parts = raw.split(":")
+        try:
+            r, op, n = int(parts[0]), parts[1], int(parts[2]) if len(parts) > 2 else 1
+        except (IndexError, ValueError):
+            raise KernelgateError(f"KERNELGATE_DIST_FAULT={raw!r}: expected RANK:COMMAND[:N]") from None
+        if r == rank:
+            self.op, self.left = op, n
+
+    def check(self, op: str) -> None:
+        if op != self.op:
+            return
+        self.left -= 1
+        if self.left == 0:
+            raise KernelgateError(f"injected fault (KERNELGATE_DIST_FAULT) in command {op!r}")
 
 
 def _watch_parent(ppid: int) -> None:
@@ -43,12 +77,21 @@ def _release(device) -> None:
         mod.empty_cache()
 
 
-def device_stats(device) -> dict:
-    """This rank's device memory: peak and current bytes allocated by torch (None on the CPU)."""
+def device_stats(groups) -> dict:
+    """This rank's device memory: peak and current bytes allocated by torch (None on the CPU),
+    and the decode graphs of its last runner: shapes captured, or why it decodes eagerly."""
+    device = groups.device
+    graphs, off = groups.graph_state
+    g = {"graphs": graphs, "graphs_off": off}
     mod = getattr(torch, device.type, None)
     if device.type == "cpu" or not hasattr(mod, "max_memory_allocated"):
-        return {"device": str(device), "peak_bytes": None, "allocated_bytes": None}
-    return {"device": str(device), "peak_bytes": mod.max_memory_allocated(), "allocated_bytes": mod.memory_allocated()}
+        return {"device": str(device), "peak_bytes": None, "allocated_bytes": None, **g}
+    return {"device": str(device), "peak_bytes": mod.max_memory_allocated(),
+            "allocated_bytes": mod.memory_allocated(), **g}
+
+
+# commands during which the ranks run model collectives together: a failure cannot be gathered
+IN_STEP = ("step", "forward")
 
 
 class Worker:
@@ -56,20 +99,23 @@ class Worker:
         self.g = groups
         self.model = None
         self.runner = None
+        self.fault = _Fault(groups.rank)
 
     def handle(self, op: str, arg):
         from ..models.loader import load_model
+        self.fault.check(op)
         if op == "load":
             self.model = self.runner = None
+            self.g.graph_state = (0, "no runner yet")
             _release(self.g.device)
             self.model = load_model(arg["path"], device=self.g.device, dtype=arg["dtype"],
                                     par=self.g.parallel(arg["expert_parallel"]))
             return None
         if op == "runner":
-            from ..engine.model_runner import ModelRunner
+            from .runner import RankRunner
             self.runner = None
             _release(self.g.device)          # the last engine's cache, before this one measures memory
-            self.runner = ModelRunner(self.model, *arg)
+            self.runner = RankRunner(self.g, self.model, *arg)
             return None
         if op == "step":
             self.runner.run(arg)
@@ -78,7 +124,7 @@ class Worker:
             self.model(arg)
             return None
         if op == "stats":
-            return device_stats(self.g.device)
+            return device_stats(self.g)
         if op == "unload":
             self.model = self.runner = None
             return None
@@ -87,27 +133,30 @@ class Worker:
     def serve(self, errors=None) -> None:
         with torch.inference_mode():
             while True:
-                op, arg = self.g.broadcast()
+                op, arg = self.g.next_command()
                 if op == "exit":
                     return
-                value = None
+                value = err = None
                 try:
                     value = self.handle(op, arg)
-                    err = None
                 except Exception as e:  # noqa: BLE001 - reported to the driver, with the rank
-                    err = _describe(e)
+                    err = describe(e)
+                    if op in IN_STEP or getattr(e, "kernelgate_midstep", False):
+                        self._die(err, errors)
                 if op == "stats":
                     self.g.gather(value)
                 elif op in ("load", "runner"):
                     errs = self.g.gather(err)
                     if op == "runner" and not any(errs):
-                        from .driver import reconcile
-                        reconcile(self.runner, self.g)
-                elif err is not None:
-                    if errors is not None:
-                        errors.put((self.g.rank, err))
-                    print(f"kernelgate: rank {self.g.rank}: {err}", file=sys.stderr, flush=True)
-                    os._exit(1)
+                        self.runner.reconcile()
+
+    def _die(self, err: str, errors) -> None:
+        """Out of step with the other ranks: leave the report, exit (the driver names this rank)."""
+        if errors is not None:
+            errors.put((self.g.rank, err))
+        line = err.replace("\n", " | ")
+        print(f"kernelgate: rank {self.g.rank}: {line}", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def main(argv=None) -> None:
@@ -117,15 +166,18 @@ def main(argv=None) -> None:
     import torch.distributed as dist
     rank, size, host, port = (argv or sys.argv[1:])[:4]
     rank, size, port = int(rank), int(size), int(port)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     store = dist.TCPStore(host, port, size, is_master=False, timeout=datetime.timedelta(seconds=60))
     errors = _StoreErrors(store)
     try:
         from .group import Groups
+        if _Fault(rank).op == "start":
+            raise KernelgateError("injected fault (KERNELGATE_DIST_FAULT) before the rendezvous")
         store.set(f"kernelgate/ready/{rank}", "1")
         groups = Groups(rank, size, store, rank)
     except Exception as e:  # noqa: BLE001 - a rank that cannot start says why
-        errors.put((rank, f"failed to start: {_describe(e)}"))
+        errors.put((rank, describe(e)))
         os._exit(1)
     Worker(groups).serve(errors)
     os._exit(0)

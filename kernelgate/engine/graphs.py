@@ -142,12 +142,22 @@ class DecodeGraphs:
         width = min(-(-ctx // bs), self.max_blocks)
         key = (nb, width * bs)
         if key not in self.graphs:
+            captured, why = None, None
             try:
-                self.graphs[key] = _Captured(self.model, self.cache, nb, width, self.scratch, self.mempool, self.api)
+                captured = _Captured(self.model, self.cache, nb, width, self.scratch, self.mempool, self.api)
             except Exception as e:  # noqa: BLE001 - report once, decode eagerly from now on
-                self.api, self.reason = None, f"capture failed ({type(e).__name__}: {str(e)[:160]})"
+                why = f"capture failed ({type(e).__name__}: {str(e)[:160]})"
+            why = self.agree(why)
+            if why is not None:
+                self.api, self.reason = None, why
                 self.graphs.clear()
                 warnings.warn(f"kernelgate: decode graphs off, eager decode: {self.reason}", FallbackWarning,
                               stacklevel=3)
                 return None
+            self.graphs[key] = captured
         return self.graphs[key].replay(tokens, slots, starts, tables)
+
+    def agree(self, why: str | None) -> str | None:
+        """Why not to use the graph just captured (None: use it). Tensor-parallel ranks override
+        this (kernelgate.distributed.runner) so that all of them replay or all decode eagerly."""
+        return why

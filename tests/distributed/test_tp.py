@@ -8,6 +8,7 @@ error. One worker group is spawned per test process and reused (process startup 
 from __future__ import annotations
 
 import signal
+from collections import Counter
 
 import pytest
 import torch
@@ -131,8 +132,83 @@ def test_load_model_tensor_parallel(model, single, tmp_path):
 
 
 def test_rank_stats_name_every_rank(model):
-    stats = kernelgate.distributed.parallelize(model, 2, True).rank_stats()
+    pm = kernelgate.distributed.parallelize(model, 2, True)
+    kernelgate.generate(pm, PROMPTS[:1], max_new_tokens=2)
+    stats = pm.rank_stats()
     assert [s["device"] for s in stats] == ["cpu", "cpu"] and all(s["peak_bytes"] is None for s in stats)
+    # the last engine's decode graphs, per rank: none on the CPU (Gloo decodes eagerly), with the reason
+    assert all(s["graphs"] == 0 and s["graphs_off"] == "torch has no device graphs for 'cpu'" for s in stats)
+
+
+def _collectives(fn) -> Counter:
+    """torch.distributed calls this process (rank 0) makes while fn() runs, by kind (the profiler
+    records each c10d op; nothing is wrapped)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return Counter(e.name for e in prof.events() if e.name.startswith("c10d::"))
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp", "ep"])
+def test_one_all_reduce_per_block(model, ep):
+    """Per step: one all-reduce for the vocab-parallel embedding, then one per attention block and one
+    per MLP block (the MoE folds the shared expert's partial sum into the routed experts' one), one
+    all-gather of the vocab-parallel logits. Each block needs at least one (its output is a partial
+    sum; the equality tests check it is reduced), so a total of 1 + 2 x layers means exactly one each.
+    A decode step's metadata is one tensor broadcast (no pickling)."""
+    L = model.config.num_hidden_layers
+    pm = kernelgate.distributed.parallelize(model, 2, ep)
+    ids = torch.tensor([list(range(40, 50))])
+    got = _collectives(lambda: pm(ids))
+    assert got["c10d::allreduce_"] == 1 + 2 * L and got["c10d::allgather_"] == 1, got
+    eng = kernelgate.engine.Engine(pm, max_num_seqs=2, max_model_len=64, max_num_batched_tokens=32)
+    for i, p in enumerate([PROMPTS[0], PROMPTS[3]]):
+        eng.add_request(str(i), p, kernelgate.engine.SamplingParams(max_new_tokens=4))
+    while eng.last_step is None or eng.last_step.kind != "decode":
+        eng.step()
+    got = _collectives(eng.step)
+    assert eng.last_step.kind == "decode"
+    assert got == Counter({"c10d::allreduce_": 1 + 2 * L, "c10d::allgather_": 1, "c10d::broadcast_": 1}), got
+    while eng.has_unfinished():
+        eng.step()
+    eng.close()
+
+
+def test_step_metadata_words_round_trip():
+    from kernelgate.distributed import group
+    meta = {"fresh": ([3], [7, 8]), "tokens": [5, 6, 7, 9], "lengths": [3, 1], "slots": [0, 3], "starts": [0, 40],
+            "tables": [[1], [4, 7, 8]]}
+    words = group.frame("step", meta)
+    assert words[:2] == [group.STEP, len(words) - 2] and group.remainder(words) == 0
+    assert group.unframe(words) == meta
+    big = {**meta, "tokens": list(range(group.HEAD)), "lengths": [group.HEAD - 1, 1]}
+    words = group.frame("step", big)
+    assert group.remainder(words[:group.HEAD]) == len(words) - group.HEAD > 0
+    assert group.unframe(words) == big
+    assert group.frame("load", {"path": "x"}) == [group.OBJECT, 0]
+
+
+def test_ranks_agree_on_each_decode_graph():
+    """A captured shape is used only if every rank captured it; otherwise all ranks decode it
+    eagerly (no rank replays a graph while another steps eagerly), the reason naming the rank."""
+    from kernelgate.distributed.runner import LockstepGraphs
+
+    class Groups:
+        rank, graph_state = 0, None
+
+        def __init__(self, whys):
+            self.whys = whys
+
+        def gather(self, why):
+            return [why, *self.whys[1:]]
+
+    g = object.__new__(LockstepGraphs)
+    g.graphs = {}
+    g.groups = Groups([None, None])
+    assert g.agree(None) is None and g.groups.graph_state == (1, None)
+    g.groups = Groups([None, "capture failed (RuntimeError: x)"])
+    assert g.agree(None) == "rank 1: capture failed (RuntimeError: x)"
+    assert g.agree("capture failed (here)") == "capture failed (here)"
 
 
 def test_killed_rank_ends_the_job_with_its_name(model):

@@ -1,0 +1,69 @@
+"""The model runner every rank uses: the engine's ModelRunner, kept in step with the other ranks.
+
+- Decode graphs (where the device has them: CUDA / ROCm): every rank captures the same step
+  shape at the same moment (the driver's metadata decides it) and replays it, NCCL
+  collectives inside the graph. Whether a new graph is used is agreed over the ranks: if
+  any rank's capture failed, all of them decode that shape eagerly from then on, so no rank
+  replays while another steps eagerly. Gloo (the CPU) has no graphs: eager, as before.
+- Cache size: every rank takes the smallest block count any rank could afford.
+- A failure inside the profile step (model collectives on every rank) is marked
+  `kernelgate_midstep`: the ranks are out of step, which ends the group (launch.lockstep).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..engine.graphs import DecodeGraphs
+from ..engine.model_runner import ModelRunner
+
+
+class LockstepGraphs(DecodeGraphs):
+    """DecodeGraphs whose use of each newly captured shape all ranks agree on."""
+
+    def __init__(self, groups, *args):
+        self.groups = groups
+        super().__init__(*args)
+
+    def agree(self, why):
+        whys = self.groups.gather(why)
+        bad = [(r, w) for r, w in enumerate(whys) if w is not None]
+        if not bad:
+            self.groups.graph_state = (len(self.graphs) + 1, None)
+            return None
+        r, w = next(((r, w) for r, w in bad if r == self.groups.rank), bad[0])
+        why = w if r == self.groups.rank else f"rank {r}: {w}"
+        self.groups.graph_state = (0, why)
+        return why
+
+
+class RankRunner(ModelRunner):
+    def __init__(self, groups, model, *args):
+        self.groups = groups
+        super().__init__(model, *args)
+        self._lockstep_graphs()
+
+    def _lockstep_graphs(self) -> None:
+        self.groups.graph_state = (0, self.graphs_reason)
+        if self.graphs is not None:
+            self.graphs = LockstepGraphs(self.groups, self.model, self.cache, self.scratch, self.max_model_len)
+
+    def _profile(self, tokens: int) -> int:
+        try:
+            return super()._profile(tokens)
+        except BaseException as e:
+            e.kernelgate_midstep = True     # the other ranks may still be inside its collectives
+            raise
+
+    def reconcile(self) -> None:
+        """Every rank takes the smallest cache block count any rank could afford."""
+        counts = self.groups.gather(self.capacity.num_blocks)
+        least = min(counts)
+        if self.capacity.num_blocks == least:
+            return
+        cap = dataclasses.replace(self.capacity, num_blocks=least, source=self.capacity.source + ", least over ranks")
+        self.capacity = cap
+        self.cache = None
+        self.cache = self.model.new_cache(cap.num_slots + 1, least + 1, self.block_size)
+        self.scratch = (cap.num_slots, least)
+        if self.graphs is not None:
+            self._lockstep_graphs()
