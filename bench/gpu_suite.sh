@@ -19,6 +19,9 @@ mkdir -p "$TRITON_CACHE_DIR"
 if ls .triton-cache/part.* >/dev/null 2>&1; then
   cat .triton-cache/part.* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
 fi
+if ls .triton-cache/xz.* >/dev/null 2>&1; then   # (the same, repacked with xz where gzip's parts exceed the carry limit)
+  cat .triton-cache/xz.* | xz -dc | tar xf - -C "$TRITON_CACHE_DIR" && echo "triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
+fi
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$RES/gpu.txt"

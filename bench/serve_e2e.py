@@ -203,6 +203,12 @@ def measure(a) -> dict:
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else str(dev),
                  "platform": a.platform, "config": f"{'tiny' if a.tiny else f'{a.layers} layers real width'}, {a.dtype}"}
 
+    t_start = time.perf_counter()
+
+    def say(what):
+        print(f"[{a.platform} {time.perf_counter() - t_start:6.1f} s] {what}", flush=True)
+    say("model built")
+
     # 1. offline
     max_len = a.input_len + a.output_len + 16
     engine = Engine(model, max_num_seqs=N, max_model_len=max_len, max_num_batched_tokens=a.max_num_batched_tokens)
@@ -217,6 +223,7 @@ def measure(a) -> dict:
     for n in sorted({1, 2, 4, 8, 16, 32, N}):                  # warm-up: dispatch, every graph bucket
         if n <= N:
             offline(prompts[:n], min(a.output_len, 8))
+    say("warm-up done (every graph bucket)")
     offline(prompts, a.output_len)
     offline(prompts[:1], a.output_len)
     ref, wall, res["offline_step_bN_ms"] = offline(prompts, a.output_len)
@@ -224,6 +231,8 @@ def measure(a) -> dict:
     _, _, res["offline_step_b1_ms"] = offline(prompts[:1], a.output_len)
     res["offline_step_bN_ms"] *= 1e3
     res["offline_step_b1_ms"] *= 1e3
+
+    say(f"offline: {res['offline_tok_s']:,.0f} tok/s at b{N}, step b1 {res['offline_step_b1_ms']:.2f} ms")
 
     # 2. served
     srv = Served(engine, max_len)
@@ -243,6 +252,7 @@ def measure(a) -> dict:
                 "--base-url", srv.base, "--num-prompts", str(num), "--max-concurrency", str(conc),
                 "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", "0"])
             return asyncio.run(bench_serve._bench(args))
+        say(f"server up, greedy check {res['greedy_same']}")
         bench(min(8, N), min(8, N))                              # warm-up of the HTTP path
         rN, r1 = bench(N, 2 * N), bench(1, 16)
         print(bench_serve.table(rN), flush=True)
@@ -265,6 +275,7 @@ def measure(a) -> dict:
         want = kernelgate.generate(model, long_prompts[:1], max_new_tokens=a.long_output_len, stop_token_ids=[],
                                    engine=engine)[0].token_ids
         res["long_offline_one_s"] = time.perf_counter() - t0
+        say(f"long phase: {res['long_cache']}; one long request offline {res['long_offline_one_s']:.1f} s")
         srv = Served(engine, max_len)
         try:
             r = asyncio.run(long_load(srv.base, a, long_prompts, prompts[0]))
