@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import alloc
+
 
 def slot_bytes(config, dtype: torch.dtype, tp_size: int = 1) -> int:
     """Bytes one sequence's KDA + conv states take over all layers (on one of tp_size ranks)."""
@@ -53,11 +55,11 @@ class KVCache:
     def clear(self, slots: list = (), blocks: list = ()) -> None:
         """Zero the states of `slots` and the latents of `blocks` (for their next owner)."""
         if slots:
-            idx = torch.tensor(list(slots), dtype=torch.long).to(self.device)
+            idx = alloc.upload(torch.tensor(list(slots), dtype=torch.long), self.device)   # (no host wait)
             for t in (*self.kda_state.values(), *self.conv_state.values()):
                 t.index_fill_(0, idx, 0)
         if blocks:
-            idx = torch.tensor(list(blocks), dtype=torch.long).to(self.device)
+            idx = alloc.upload(torch.tensor(list(blocks), dtype=torch.long), self.device)
             for t in self.mla_cache.values():
                 t.index_fill_(0, idx, 0)
 
