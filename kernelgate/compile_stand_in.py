@@ -208,7 +208,8 @@ def native_spec(spec: Spec, zebin: bytes) -> Spec:
 
 class Recorder:
     """Compile hooks: list every specialisation Triton builds for the row being compiled, and skip
-    one that differs from an earlier one only in divisibility hints (the same program)."""
+    one that differs from an earlier one only in Triton's specialisations of runtime arguments
+    (divisibility hints, an int equal to 1): the same program, constants folded differently."""
 
     def __init__(self, t: Target, native: bool = False):
         self.t, self.row, self.seen = t, None, {}
@@ -222,8 +223,16 @@ class Recorder:
 
     @staticmethod
     def _key(fn, compile) -> tuple:
-        sig = tuple((k, str(v)) for k, v in compile["signature"].items())
-        consts = tuple(sorted((str(k), repr(v)) for k, v in compile["constants"].items()))
+        """The program Triton builds, less its own specialisations of runtime arguments: divisibility
+        hints (not in the key at all) and an int argument equal to 1 folded in as a constant (keyed
+        as the i32 it otherwise is). None for an optional pointer stays: that drops code."""
+        params = fn.jit_function.params
+        folded = {params[k[0]].name for k, v in compile["constants"].items()
+                  if isinstance(k, tuple) and len(k) == 1 and not params[k[0]].is_constexpr
+                  and type(v) is int and v == 1}
+        sig = tuple((k, "i32" if k in folded else str(v)) for k, v in compile["signature"].items())
+        consts = tuple(sorted((str(k), repr(v)) for k, v in compile["constants"].items()
+                              if not (isinstance(k, tuple) and params[k[0]].name in folded)))
         return fn.name, sig, consts, compile["num_warps"], compile["num_stages"]
 
     def before(self, *, key, repr, fn, compile, **kw):

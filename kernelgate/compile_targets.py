@@ -14,9 +14,9 @@ a binary, shared / local memory within the device's limit, matrix instructions (
 DPAS) where a 16-bit `tl.dot` is.
 
 Every compiled specialisation is listed. A specialisation that differs from one already built
-for the target only in Triton's divisibility hints is compiled once (same dtypes, constexprs,
-warps and stages: the same program). An implementation that compiles nothing is SKIPPED with the
-registry's reason, never ok. Targets run in one process (default) or one process each (`-j N`).
+for the target only in Triton's own specialisations of runtime arguments (divisibility hints, an
+int equal to 1) is compiled once (same dtypes, constexprs, warps and stages: the same program).
+An implementation that compiles nothing is SKIPPED with the registry's reason, never ok. Targets run in one process (default) or one process each (`-j N`).
 Run it without TRITON_INTERPRET (the kernels must be JIT functions, not interpreted ones).
 """
 from __future__ import annotations
