@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -129,9 +130,42 @@ class StandInDriver:
         return bench
 
 
+# Intel lowering shared between the targets of one process: (stage, its input, options) -> (output,
+# the metadata the stage set, the target that ran it). See StandInXPUBackend.add_stages.
+_LOWERED: dict = {}
+_reused: dict = {}   # stage -> the target whose output the compile in progress reused
+
+
+def _lowered_once(stage: str, run, options, arch: str):
+    opts = repr(sorted(vars(options).items()))
+
+    def once(src, metadata):
+        key = (stage, hashlib.sha256(str(src).encode()).hexdigest(), opts)
+        hit = _LOWERED.get(key)
+        if hit is None:
+            before = dict(metadata)
+            out = run(src, metadata)
+            _LOWERED[key] = (out, {k: v for k, v in metadata.items() if k not in before or before[k] != v}, arch)
+            return out
+        out, set_, by = hit
+        if by != arch:
+            _reused[stage] = by
+        metadata.update(set_)
+        return out
+    return once
+
+
 def _stand_in_xpu_backend(base):
     """Intel's compiler backend, with its SYCL arch helper (a C++ build) replaced by the table."""
+    import inspect
+
     from triton.backends.compiler import BaseBackend
+
+    # make_llir / make_spv see only (TTGIR or LLVM IR, metadata, options): the device enters through
+    # make_ttgir (its module annotation is in the TTGIR text). A second Intel target whose TTGIR
+    # equals the first's gets the same LLVM IR and SPIR-V: lower it once.
+    pure = all(list(inspect.signature(getattr(base, f)).parameters) == ["src", "metadata", "options"]
+               for f in ("make_llir", "make_spv"))
 
     class StandInXPUBackend(base):
         def __init__(self, target):
@@ -139,10 +173,17 @@ def _stand_in_xpu_backend(base):
             self.device_arch = platform.XPU_ARCHS.get(target.arch.get("architecture"), "")
             self.properties = self.parse_target(target.arch)
             self.binary_ext = "spv"
+
+        def add_stages(self, stages, options, *rest):
+            super().add_stages(stages, options, *rest)
+            if pure:
+                for stage in ("llir", "spv"):
+                    stages[stage] = _lowered_once(stage, stages[stage], options, self.device_arch)
     return StandInXPUBackend
 
 
-Spec = dict   # one compiled specialisation: kernel, key, warps, stages, binary, shared, dot, problem, reuses
+Spec = dict   # one compiled specialisation: kernel, key, warps, stages, binary, shared, dot, problem, reuses,
+#              lowered_for (the target whose LLVM IR and SPIR-V it reused: the same TTGIR, see _lowered_once)
 
 _DOT = re.compile(r"tt\.dot .*?: tensor<[0-9x]+x(\w+)>")
 
@@ -202,13 +243,14 @@ def native_spec(spec: Spec, zebin: bytes) -> Spec:
     dpas = re.search(rb"has_dpas:\s+true", zebin) is not None
     want = spec["dot"].endswith("-> dpas")
     dot = spec["dot"].rsplit("->", 1)[0] + ("-> dpas" if dpas else "-> fma") if spec["dot"] else ""
-    return {**spec, "binary": f"zebin {len(zebin)} B", "dot": dot, "reuses": 0,
+    return {**spec, "binary": f"zebin {len(zebin)} B", "dot": dot, "reuses": 0, "lowered_for": "",
             "problem": "zebin has no DPAS" if want and not dpas else ""}
 
 
 class Recorder:
     """Compile hooks: list every specialisation Triton builds for the row being compiled, and skip
-    one that differs from an earlier one only in divisibility hints (the same program)."""
+    one that differs from an earlier one only in Triton's specialisations of runtime arguments
+    (divisibility hints, an int equal to 1): the same program, constants folded differently."""
 
     def __init__(self, t: Target, native: bool = False):
         self.t, self.row, self.seen = t, None, {}
@@ -222,8 +264,16 @@ class Recorder:
 
     @staticmethod
     def _key(fn, compile) -> tuple:
-        sig = tuple((k, str(v)) for k, v in compile["signature"].items())
-        consts = tuple(sorted((str(k), repr(v)) for k, v in compile["constants"].items()))
+        """The program Triton builds, less its own specialisations of runtime arguments: divisibility
+        hints (not in the key at all) and an int argument equal to 1 folded in as a constant (keyed
+        as the i32 it otherwise is). None for an optional pointer stays: that drops code."""
+        params = fn.jit_function.params
+        folded = {params[k[0]].name for k, v in compile["constants"].items()
+                  if isinstance(k, tuple) and len(k) == 1 and not params[k[0]].is_constexpr
+                  and type(v) is int and v == 1}
+        sig = tuple((k, "i32" if k in folded else str(v)) for k, v in compile["signature"].items())
+        consts = tuple(sorted((str(k), repr(v)) for k, v in compile["constants"].items()
+                              if not (isinstance(k, tuple) and params[k[0]].name in folded)))
         return fn.name, sig, consts, compile["num_warps"], compile["num_stages"]
 
     def before(self, *, key, repr, fn, compile, **kw):
@@ -231,6 +281,7 @@ class Recorder:
         if spec is not None:
             spec["reuses"] += 1
             return True      # Triton skips the compile and the (stand-in) launch
+        _reused.clear()
         return False
 
     def after(self, *, key, repr, fn, compile, **kw):
@@ -243,7 +294,7 @@ class Recorder:
         ptrs = ",".join(str(v)[1:] for v in compile["signature"].values() if str(v).startswith("*"))
         spec = {"kernel": fn.name.rpartition(".")[2], "key": f"{ptrs}|{consts}", "warps": compile["num_warps"],
                 "stages": compile["num_stages"], "binary": binary, "shared": shared, "dot": dot,
-                "problem": problem, "reuses": 0}
+                "problem": problem, "reuses": 0, "lowered_for": _reused.get("llir", "")}
         self.seen[self._key(fn, compile)] = spec
         self.row["specs"].append(spec)
         if self.native is not None and binary.startswith("spv"):

@@ -14,9 +14,12 @@ a binary, shared / local memory within the device's limit, matrix instructions (
 DPAS) where a 16-bit `tl.dot` is.
 
 Every compiled specialisation is listed. A specialisation that differs from one already built
-for the target only in Triton's divisibility hints is compiled once (same dtypes, constexprs,
-warps and stages: the same program). An implementation that compiles nothing is SKIPPED with the
-registry's reason, never ok. Targets run in one process (default) or one process each (`-j N`).
+for the target only in Triton's own specialisations of runtime arguments (divisibility hints, an
+int equal to 1) is compiled once (same dtypes, constexprs, warps and stages: the same program).
+Intel targets whose TTGIR comes out the same share its LLVM IR and SPIR-V (PVC and BMG: Intel's
+lowering after TTGIR does not read the device). An implementation that compiles nothing is
+SKIPPED with the registry's reason, never ok. Targets run in one process (default) or one
+process each (`-j N`).
 Run it without TRITON_INTERPRET (the kernels must be JIT functions, not interpreted ones).
 """
 from __future__ import annotations
@@ -176,6 +179,7 @@ def compile_all(names, jobs: int = 1, native: bool = False) -> list[dict]:
 
 def _spec_line(s: Spec) -> str:
     extra = f" {s['dot']}" if s["dot"] else ""
+    extra += f" (lowered as for {s['lowered_for']}: same TTGIR)" if s.get("lowered_for") else ""
     return f"    {s['kernel']}[{s['key']}] w{s['warps']} s{s['stages']} {s['binary']} shared={s['shared']}{extra}"
 
 
@@ -195,14 +199,18 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
         bad += r["status"] == "FAILED"
     by = {}
     for r in rows:
-        t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": ""})
+        t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": "", "lowered": {}})
         if r["impl"] == "native":
             t["native"] = f"; native code: {len(r['specs'])} zebin {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
             continue
         t["specs"] += len(r["specs"])
         t[r["status"]] += 1
+        for s in r["specs"]:
+            if s.get("lowered_for"):
+                t["lowered"][s["lowered_for"]] = t["lowered"].get(s["lowered_for"], 0) + 1
     for name, t in by.items():
-        print(f"compile_targets {name}: {t['specs']} specialisations, {t['ok']} implementations ok, "
+        lowered = "".join(f" ({n} lowered as for {who}: same TTGIR)" for who, n in t["lowered"].items())
+        print(f"compile_targets {name}: {t['specs']} specialisations{lowered}, {t['ok']} implementations ok, "
               f"{t['SKIPPED']} skipped, {t['FAILED']} failed{t['native']}", file=out)
     return 1 if bad else 0
 

@@ -1,7 +1,13 @@
 import os
 
-import pytest
-import torch
+# One intra-op thread per test process. The suite runs tiny tensors on 2 xdist workers beside
+# .ci/run's background compiles: with OpenMP's default (a thread per core) every process spins for
+# cores that are busy, and the engine tests burn ~20x the CPU they need. Set before torch loads;
+# subprocesses the tests start (CLI, server, ranks) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Checked mode in the whole suite: every op call also checks its index values on the host
 # (ranges, cu_seqlens) and raises a clear error instead of skipping rows silently.

@@ -62,3 +62,31 @@ def test_report_lines_and_exit_code():
     assert text.endswith("compile_targets pvc: 1 specialisations, 1 implementations ok, 1 skipped, 0 failed\n")
     rows[1].update(status="FAILED", reason="LLVM ERROR: boom")
     assert report(rows, out=io.StringIO()) == 1
+
+
+def test_intel_lowering_is_shared_only_for_the_same_ttgir():
+    """PVC and BMG: a stage after TTGIR runs once per (input, options); a second target gets its
+    output and the metadata it set, and the spec says whose lowering it took."""
+    from types import SimpleNamespace
+
+    from kernelgate import compile_stand_in as cs
+    calls = []
+
+    def make_llir(src, metadata):   # (a stage: Triton's lambda around make_llir(src, metadata, options))
+        calls.append(src)
+        metadata["shared"] = len(src)
+        return f"llir of {src}"
+    opts = SimpleNamespace(num_warps=4, grf_mode="default")
+    cs._LOWERED.clear()
+    cs._reused.clear()
+    pvc, bmg = (cs._lowered_once("llir", make_llir, opts, arch) for arch in ("pvc", "bmg"))
+    md = {}
+    assert pvc("ttgir A", md) == "llir of ttgir A" and md == {"shared": 7} and cs._reused == {}
+    md = {}
+    assert bmg("ttgir A", md) == "llir of ttgir A" and md == {"shared": 7} and cs._reused == {"llir": "pvc"}
+    cs._reused.clear()
+    assert bmg("ttgir B", {}) == "llir of ttgir B" and cs._reused == {}          # other TTGIR: lowered
+    other = cs._lowered_once("llir", make_llir, SimpleNamespace(num_warps=8, grf_mode="default"), "bmg")
+    other("ttgir A", {})                                                          # other options: lowered
+    assert calls == ["ttgir A", "ttgir B", "ttgir A"]
+    cs._LOWERED.clear()
