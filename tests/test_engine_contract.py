@@ -71,6 +71,8 @@ def test_engine_arguments(model):
         eng.add_request("b", [], SamplingParams())
     with pytest.raises(KernelgateError, match="graphs must be a bool"):
         Engine(model, graphs="no")
+    with pytest.raises(KernelgateError, match="async_scheduling must be a bool"):
+        Engine(model, async_scheduling=1)
     eng.abort("a")
     outs = eng.step()                  # the abort is reported once, then the request is gone
     assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("a", True, "abort")]

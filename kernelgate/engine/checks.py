@@ -44,8 +44,9 @@ def check_engine_args(**kw) -> None:
     require_number(w, "gpu_memory_utilization", kw["gpu_memory_utilization"], lo=0.0, hi=1.0, lo_open=True)
     if kw["num_cache_blocks"] is not None:
         require_int(w, "num_cache_blocks", kw["num_cache_blocks"], lo=1)
-    if not isinstance(kw["graphs"], bool):
-        raise KernelgateError(f"{w}: graphs must be a bool, got {kw['graphs']!r}")
+    for flag in ("graphs", "async_scheduling"):
+        if flag in kw and not isinstance(kw[flag], bool):
+            raise KernelgateError(f"{w}: {flag} must be a bool, got {kw[flag]!r}")
 
 
 def check_prompt(prompt, vocab: int, who: str) -> list:

@@ -66,7 +66,7 @@ class Engine:
         check_engine_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                           max_num_batched_tokens=max_num_batched_tokens,
                           gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                          num_cache_blocks=num_cache_blocks, graphs=graphs)
+                          num_cache_blocks=num_cache_blocks, graphs=graphs, async_scheduling=async_scheduling)
         args = (max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_utilization, block_size,
                 num_cache_blocks, graphs)
         if tensor_parallel_size != 1 or enable_expert_parallel or hasattr(model, "make_runner"):
