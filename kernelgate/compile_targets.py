@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,7 @@ def main(argv=None) -> int:
         print(f"compile_targets: unknown target(s) {', '.join(unknown)} (known: {', '.join(TARGETS)})")
         return 2
     names = a.targets or [t for t in TARGETS if available(t) is None]
+    t0 = time.perf_counter()
     rows = compile_all(names, a.jobs, a.native)
     if a.json == "-":
         json.dump(rows, sys.stdout)
@@ -239,7 +241,12 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f)
-    return report(rows, verbose=not a.quiet)
+    rc = report(rows, verbose=not a.quiet)
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    print(f"compile_targets {' '.join(names)}: {time.perf_counter() - t0:.0f} s, {cpu:.0f} CPU-s "
+          f"(with ptxas / ocloc)")
+    return rc
 
 
 if __name__ == "__main__":
