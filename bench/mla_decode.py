@@ -119,7 +119,7 @@ def sweep(dev):
                 return None
         rows = [(us, c) for c in ({**base, **g} for g in grid) if (us := timed(c)) is not None]
         rows.sort(key=lambda r: r[0])
-        if rows and B < 64:
+        if rows:
             best = rows[0][1]
             rows += [(us, c) for p in (132, 264, 528, 1056) if p != best["programs"]
                      for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
