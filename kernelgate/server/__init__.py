@@ -1,3 +1,3 @@
-"""OpenAI-compatible HTTP server over the async engine (`kernelgate serve`)."""
-from .app import create_app  # noqa: F401
-from .jobs import ModelInfo  # noqa: F401
+"""OpenAI-compatible HTTP server over the async engine (`kernelgate serve`; the app is
+`server.app.create_app`). Nothing is imported here: `kernelgate run` uses the detokenizer
+without loading the web stack."""

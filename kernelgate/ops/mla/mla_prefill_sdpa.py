@@ -31,7 +31,6 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from ... import alloc
 from ...registry import FallbackWarning
@@ -41,6 +40,13 @@ PIECE = 16384            # context positions expanded at a time
 MATH_BYTES = 1 << 28     # fp32 score tile budget of the math fallback
 FORCE_LSE: str | None = None   # tests: "math" forces the portable path
 _warned: set = set()
+
+
+def _lower_right():
+    """torch's bottom-right causal bias, imported on first use: torch.nn.attention.bias imports
+    torch._dynamo (~3 s of a CPU start-up; a prompt prefilled in one step never needs it)."""
+    from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right
 
 
 def expand(cache, table_row, start, end, w, H, Dn, Dv, R, dtype):
@@ -121,7 +127,7 @@ def mla_prefill_sdpa(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale, v
         qi = q[t0:t1].transpose(0, 1)[None]                                  # [1, H, n, Dn + Dr]
         if L <= PIECE:
             k, v = expand(cache, block_table[i], 0, L, w, H, Dn, Dv, R, q.dtype)
-            mask = None if p0 == 0 else causal_lower_right(n, L)
+            mask = None if p0 == 0 else _lower_right()(n, L)
             out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=p0 == 0, scale=scale)
             o[t0:t1] = out[0].transpose(0, 1)
             continue
