@@ -8,7 +8,7 @@ prompt (so the wall time is the time to the first token, start-up included). The
 gets an empty KERNELGATE_CACHE_DIR and no TRITON_CACHE_DIR (everything compiles); the second
 reuses that cache. The lines kernelgate prints about compiling / loading kernels are shown.
 --profile: a third run (warm cache) under cProfile; prints where its seconds go (cumulative,
-the kernelgate / torch / safetensors / triton calls above 0.2 s).
+every call above 0.2 s but the import machinery).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def once(model: str, cache: str, extra: list, profile: str | None = None) -> tup
     """-> (wall seconds, [(seconds since start, output line)])."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")}
     env["KERNELGATE_CACHE_DIR"] = cache
+    env["PYTHONUNBUFFERED"] = "1"      # (each line timed when printed, not when a buffer fills)
     prof = ["-m", "cProfile", "-o", profile] if profile else []
     cmd = [sys.executable, *prof, "-m", "kernelgate", "run", "--model", model, "--prompt-ids", "1,2,3,4,5,6,7,8",
            "--max-new-tokens", "1", "--batch", "1", *extra]
@@ -43,10 +44,11 @@ def once(model: str, cache: str, extra: list, profile: str | None = None) -> tup
 def show(path: str, floor_s: float = 0.2, rows: int = 45):
     import pstats
     st = pstats.Stats(path)
-    keep = ("kernelgate", "torch/__init__", "safetensors", "triton/runtime", "transformers", "importlib._bootstrap>")
+    print(f"    profiled: {st.total_tt:.2f} s in Python's main thread")
+    skip = ("<frozen importlib", "built-in method builtins.exec", "runpy")
     items = [(ct, f"{os.path.relpath(fn) if 'kernelgate' in fn else fn.split('site-packages/')[-1]}:{ln}({name})", nc)
              for (fn, ln, name), (cc, nc, tt, ct, callers) in st.stats.items()
-             if ct >= floor_s and any(k in fn for k in keep)]
+             if ct >= floor_s and not any(k in f"{fn}{name}" for k in skip)]
     for ct, where, nc in sorted(items, reverse=True)[:rows]:
         print(f"    {ct:7.2f} s  {nc:6d} calls  {where[:130]}")
 

@@ -126,7 +126,11 @@ def main(args) -> int:
     if args.max_new_tokens >= args.max_model_len:
         raise KernelgateError(f"run: --max-new-tokens {args.max_new_tokens} leaves no room for a prompt in "
                               f"--max-model-len {args.max_model_len}")
+    say = (lambda m: None) if args.json else (lambda m: print(m, flush=True))
+    t0 = time.perf_counter()
+    say(f"loading {args.model or 'the built-in model'}...")
     model, source = load(args)
+    say(f"loaded in {time.perf_counter() - t0:.1f} s")
     prompts = _prompts(args, model)
     longest = max(len(p) for p in prompts)
     if longest + args.max_new_tokens > args.max_model_len:
@@ -134,13 +138,15 @@ def main(args) -> int:
                               f"exceeds --max-model-len {args.max_model_len}")
     kw = flags.engine_kwargs(args)
     kw.setdefault("max_num_seqs", len(prompts))
+    t0 = time.perf_counter()
     engine = Engine(model, **kw)
+    say(f"engine ready in {time.perf_counter() - t0:.1f} s; {engine.capacity.report()}")
     stops = tuple(model.config.eos_token_ids)
 
     def params(i, n):
         return SamplingParams(max_new_tokens=n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seed=args.seed + i, stop_token_ids=stops)
-    warm_up(engine, log=(lambda m: None) if args.json else (lambda m: print(m, flush=True)))
+    warm_up(engine, log=say)
     plan = registry.plan()
     impls = {name: {i: registry.get(name).impls[i].provider for i in chosen} for name, chosen in plan.items()}
     with Progress("generating", len(prompts) * args.max_new_tokens, quiet=args.json) as bar:
