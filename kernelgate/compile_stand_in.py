@@ -183,7 +183,8 @@ def _stand_in_xpu_backend(base):
 
 
 Spec = dict   # one compiled specialisation: kernel, key, warps, stages, binary, shared, dot, problem, reuses,
-#              lowered_for (the target whose LLVM IR and SPIR-V it reused: the same TTGIR, see _lowered_once)
+#              lowered_for (the target whose LLVM IR and SPIR-V it reused: the same TTGIR, see _lowered_once),
+#              target; same_as (--family-once: the earlier target that lowered this program, not lowered here)
 
 _DOT = re.compile(r"tt\.dot .*?: tensor<[0-9x]+x(\w+)>")
 
@@ -252,9 +253,12 @@ class Recorder:
     one that differs from an earlier one only in Triton's specialisations of runtime arguments
     (divisibility hints, an int equal to 1): the same program, constants folded differently."""
 
-    def __init__(self, t: Target, native: bool = False):
+    def __init__(self, t: Target, native: bool = False, family: dict | None = None):
         self.t, self.row, self.seen = t, None, {}
         self.native = {} if native else None   # kernel -> (spec, SPIR-V, build flags)
+        # family: program key -> the spec an earlier target of this vendor built for it; such a
+        # program is listed for this target (same_as) and not lowered again (compile_targets --family-once)
+        self.family = family
 
     def begin(self, row):
         self.row, self.seen = row, {}
@@ -277,10 +281,19 @@ class Recorder:
         return fn.name, sig, consts, compile["num_warps"], compile["num_stages"]
 
     def before(self, *, key, repr, fn, compile, **kw):
-        spec = self.seen.get(self._key(fn, compile)) if self.row is not None else None
+        if self.row is None:
+            return False
+        k = self._key(fn, compile)
+        spec = self.seen.get(k)
         if spec is not None:
             spec["reuses"] += 1
             return True      # Triton skips the compile and the (stand-in) launch
+        first = self.family.get(k) if self.family is not None else None
+        if first is not None and first["target"] != self.t.device.capability:
+            spec = {**first, "reuses": 0, "same_as": first["target"], "target": self.t.device.capability}
+            self.seen[k] = spec
+            self.row["specs"].append(spec)
+            return True
         _reused.clear()
         return False
 
@@ -294,8 +307,11 @@ class Recorder:
         ptrs = ",".join(str(v)[1:] for v in compile["signature"].values() if str(v).startswith("*"))
         spec = {"kernel": fn.name.rpartition(".")[2], "key": f"{ptrs}|{consts}", "warps": compile["num_warps"],
                 "stages": compile["num_stages"], "binary": binary, "shared": shared, "dot": dot,
-                "problem": problem, "reuses": 0, "lowered_for": _reused.get("llir", "")}
+                "problem": problem, "reuses": 0, "lowered_for": _reused.get("llir", ""),
+                "target": self.t.device.capability}
         self.seen[self._key(fn, compile)] = spec
+        if self.family is not None:
+            self.family.setdefault(self._key(fn, compile), spec)
         self.row["specs"].append(spec)
         if self.native is not None and binary.startswith("spv"):
             # one per kernel, preferring a specialisation that should reach DPAS
@@ -341,13 +357,14 @@ def _forget_autotuning():
 
 
 @contextlib.contextmanager
-def targeting(name: str, native: bool = False):
-    """Dispatch and compile as on `name`; yields the Recorder of what gets compiled."""
+def targeting(name: str, native: bool = False, family: dict | None = None):
+    """Dispatch and compile as on `name`; yields the Recorder of what gets compiled (`family`: see
+    Recorder)."""
     from triton.backends import backends
     from triton.runtime import driver
 
     t = TARGETS[name]
-    rec = Recorder(t, native=native and name == "pvc")   # (Debian's ocloc predates BMG)
+    rec = Recorder(t, native=native and name == "pvc", family=family)   # (Debian's ocloc predates BMG)
     attr = "_active" if "_active" in vars(driver) else "active"   # Triton 3.3 spells it `active`
     saved_driver, saved_backends = getattr(driver, attr), dict(backends)
     if t.backend == "xpu":

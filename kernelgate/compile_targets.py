@@ -1,6 +1,6 @@
 """Compile every Triton implementation for GPUs this machine does not have.
 
-    python -m kernelgate.compile_targets [-j N] [--native] [--json FILE] [sm_80 sm_90 gfx90a gfx942 pvc bmg]
+    python -m kernelgate.compile_targets [-j N | --family-once] [--native] [--json FILE] [sm_80 sm_90 gfx90a gfx942 pvc bmg]
 
 For each target the platform layer simulates that GPU (`platform.simulate(Device, compiling=True)`:
 name, capability, the properties its runtime reports) and Triton's active driver is a stand-in
@@ -19,7 +19,10 @@ int equal to 1) is compiled once (same dtypes, constexprs, warps and stages: the
 Intel targets whose TTGIR comes out the same share its LLVM IR and SPIR-V (PVC and BMG: Intel's
 lowering after TTGIR does not read the device). An implementation that compiles nothing is
 SKIPPED with the registry's reason, never ok. Targets run in one process (default) or one
-process each (`-j N`).
+process each (`-j N`). `--family-once` (CI's per-push set) lowers each NVIDIA / AMD program once
+per vendor, for its oldest target (sm_80, gfx90a: where fp8 and shared memory refuse most); a
+newer target lowers the programs its own launch choices make and lists the rest as lowered for
+the older one. Without it every target lowers everything (the full check).
 Run it without TRITON_INTERPRET (the kernels must be JIT functions, not interpreted ones).
 """
 from __future__ import annotations
@@ -111,12 +114,12 @@ def compile_impl(name: str, op, impl, rec) -> dict:
     return row
 
 
-def compile_target(name: str, native: bool = False) -> list[dict]:
+def compile_target(name: str, native: bool = False, family: dict | None = None) -> list[dict]:
     why = available(name)
     if why:
         return [{"target": name, "impl": "*", "status": "SKIPPED", "reason": why, "cases": 0,
                  "rejected": {}, "specs": [], "seconds": 0.0}]
-    with targeting(name, native=native) as rec:
+    with targeting(name, native=native, family=family) as rec:
         rows = [compile_impl(name, op, impl, rec) for op, impl in triton_impls()]
     if rec.native is not None:
         rows.append(compile_native(name, rec.native))
@@ -157,8 +160,20 @@ def _in_subprocess(name: str, native: bool) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def compile_all(names, jobs: int = 1, native: bool = False) -> list[dict]:
-    """One row per (target, implementation); `jobs` > 1 runs each target in its own process."""
+def compile_all(names, jobs: int = 1, native: bool = False, family_once: bool = False) -> list[dict]:
+    """One row per (target, implementation); `jobs` > 1 runs each target in its own process.
+    family_once: NVIDIA and AMD targets lower a program (the same kernel, signature, constants,
+    warps and stages: the same TTIR) once per vendor, for the vendor's first target in TARGETS
+    order (the oldest: the one that refuses most, e.g. fp8 before sm_89); a later target lowers
+    only the programs its own launch choices make. Intel targets already share lowering where
+    their TTGIR is equal."""
+    if family_once:
+        assert jobs <= 1, "family_once shares one process's record of what each vendor lowered"
+        names = sorted(names, key=list(TARGETS).index)
+        seen: dict = {}
+        return [row for name in names
+                for row in compile_target(name, native, seen.setdefault(TARGETS[name].backend, {})
+                                          if TARGETS[name].backend != "xpu" else None)]
     if jobs <= 1:
         return [row for name in names for row in compile_target(name, native)]
     rows, pending, running = [], list(names), {}
@@ -179,6 +194,8 @@ def compile_all(names, jobs: int = 1, native: bool = False) -> list[dict]:
 
 
 def _spec_line(s: Spec) -> str:
+    if s.get("same_as"):
+        return f"    {s['kernel']}[{s['key']}] w{s['warps']} s{s['stages']}: the program lowered for {s['same_as']}"
     extra = f" {s['dot']}" if s["dot"] else ""
     extra += f" (lowered as for {s['lowered_for']}: same TTGIR)" if s.get("lowered_for") else ""
     return f"    {s['kernel']}[{s['key']}] w{s['warps']} s{s['stages']} {s['binary']} shared={s['shared']}{extra}"
@@ -187,8 +204,11 @@ def _spec_line(s: Spec) -> str:
 def report(rows, verbose: bool = True, out=sys.stdout) -> int:
     bad = 0
     for r in rows:
-        n, dup = len(r["specs"]), sum(s["reuses"] for s in r["specs"])
-        head = f"{r['target']:7s} {r['impl']:45s} {r['seconds']:6.1f} s  {n:3d} compiled {dup:3d} reused  "
+        same = sum(bool(s.get("same_as")) for s in r["specs"])
+        n, dup = len(r["specs"]) - same, sum(s["reuses"] for s in r["specs"])
+        head = f"{r['target']:7s} {r['impl']:45s} {r['seconds']:6.1f} s  {n:3d} compiled {dup:3d} reused  " + \
+            (f"{same:3d} lowered for {r['specs'][[bool(s.get('same_as')) for s in r['specs']].index(True)]['same_as']}  "
+             if same else "")
         if r["status"] == "ok":
             rej = "".join(f"\n    (dispatch rejects {len(c)} cases: {why})" for why, c in r["rejected"].items())
             print(head + "ok" + rej, file=out)
@@ -200,7 +220,8 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
         bad += r["status"] == "FAILED"
     by = {}
     for r in rows:
-        t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": "", "lowered": {}})
+        t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": "", "lowered": {},
+                                        "same": {}})
         if r["impl"] == "native":
             t["native"] = f"; native code: {len(r['specs'])} zebin {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
             continue
@@ -209,8 +230,11 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
         for s in r["specs"]:
             if s.get("lowered_for"):
                 t["lowered"][s["lowered_for"]] = t["lowered"].get(s["lowered_for"], 0) + 1
+            if s.get("same_as"):
+                t["same"][s["same_as"]] = t["same"].get(s["same_as"], 0) + 1
     for name, t in by.items():
         lowered = "".join(f" ({n} lowered as for {who}: same TTGIR)" for who, n in t["lowered"].items())
+        lowered += "".join(f" ({n} the programs lowered for {who}: --family-once)" for who, n in t["same"].items())
         print(f"compile_targets {name}: {t['specs']} specialisations{lowered}, {t['ok']} implementations ok, "
               f"{t['SKIPPED']} skipped, {t['FAILED']} failed{t['native']}", file=out)
     return 1 if bad else 0
@@ -222,6 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=1, help="targets compiled in parallel processes")
     ap.add_argument("--native", action="store_true",
                     help="PVC: also build native code (zebin) through ocloc, one specialisation per kernel")
+    ap.add_argument("--family-once", action="store_true",
+                    help="NVIDIA / AMD: lower each program once per vendor, for its oldest target listed; "
+                         "a newer target lowers only the programs its own launch choices make (CI's per-push set)")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON ('-': stdout, no text report)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-specialisation lines")
     a = ap.parse_args(argv)
@@ -234,7 +261,10 @@ def main(argv=None) -> int:
         return 2
     names = a.targets or [t for t in TARGETS if available(t) is None]
     t0 = time.perf_counter()
-    rows = compile_all(names, a.jobs, a.native)
+    if a.family_once and a.jobs > 1:
+        print("compile_targets: --family-once compiles in one process (not with -j)")
+        return 2
+    rows = compile_all(names, a.jobs, a.native, a.family_once)
     if a.json == "-":
         json.dump(rows, sys.stdout)
         return 1 if any(r["status"] == "FAILED" for r in rows) else 0

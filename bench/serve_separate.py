@@ -1,0 +1,113 @@
+"""`kernelgate serve` in its own process, `kernelgate bench serve` in another (issue 19's c64 and
+c1 figures as a user would measure them), vs offline `kernelgate.generate()` on the same
+checkpoint in this process afterwards.
+
+    PYTHONPATH=. python bench/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
+
+Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench(base: str, conc: int, num: int, a) -> dict:
+    out = subprocess.run([sys.executable, "-m", "kernelgate", "bench", "serve", "--base-url", base, "--json",
+                          "--num-prompts", str(num), "--max-concurrency", str(conc), "--input-len", str(a.input_len),
+                          "--output-len", str(a.output_len), "--seed", "0"],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    a = ap.parse_args()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    srv = subprocess.Popen([sys.executable, "-m", "kernelgate", "serve", "--model", a.model, "--port", str(port),
+                            "--max-num-seqs", str(a.concurrency)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    res = {}
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if srv.poll() is not None:
+                    raise SystemExit("server exited:\n" + srv.stdout.read()[-3000:])
+                if time.perf_counter() - t0 > 300:
+                    raise SystemExit("server not healthy within 300 s")
+                time.sleep(0.5)
+        res["server_ready_s"] = time.perf_counter() - t0
+        print(f"server healthy after {res['server_ready_s']:.1f} s", flush=True)
+        bench(base, 8, 16, a)                                   # warm-up of the HTTP path and batch sizes
+        rN, r1 = bench(base, a.concurrency, 2 * a.concurrency, a), bench(base, 1, 16, a)
+        res.update(cN_tok_s=rN["output_throughput"], cN_ttft_p50_ms=rN["median_ttft_ms"], cN_itl_p50_ms=rN["median_itl_ms"],
+                   c1_ttft_p50_ms=r1["median_ttft_ms"], c1_itl_p50_ms=r1["median_itl_ms"],
+                   failed=rN["failed"] + r1["failed"])
+    finally:
+        srv.terminate()
+        try:
+            srv.wait(30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+    import random
+
+    import kernelgate
+    from kernelgate.engine.engine import Engine
+    from kernelgate.engine.generate import Timing
+    model = kernelgate.load_model(a.model)
+    V = model.config.vocab_size
+    rng = random.Random(0)
+    prompts = [[rng.randrange(V) for _ in range(a.input_len)] for _ in range(a.concurrency)]
+    engine = Engine(model, max_num_seqs=a.concurrency, max_model_len=a.input_len + a.output_len + 16)
+
+    def offline(ps):
+        t = Timing()
+        t0 = time.perf_counter()
+        out = kernelgate.generate(model, ps, max_new_tokens=a.output_len, stop_token_ids=[], engine=engine, timing=t)
+        steps = [dt for kind, _, dt in t.steps if kind == "decode"]
+        return sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0), statistics.median(steps[1:] or steps)
+    for n in (1, 8, a.concurrency):
+        offline(prompts[:n])
+    res["offline_tok_s"], _ = offline(prompts)
+    _, step1 = offline(prompts[:1])
+    res["offline_step_b1_ms"] = step1 * 1e3
+    c = a.concurrency
+    print(f"\n| metric | value | target |\n|---|---:|---|\n"
+          f"| offline generate() b{c} output tok/s | {res['offline_tok_s']:,.0f} | |\n"
+          f"| served c{c} output tok/s | {res['cN_tok_s']:,.0f} ({res['cN_tok_s'] / res['offline_tok_s']:.2f} x offline) "
+          f"| >= 0.85 x |\n"
+          f"| c{c} TTFT p50 / ITL p50 ms | {res['cN_ttft_p50_ms']:.1f} / {res['cN_itl_p50_ms']:.2f} | |\n"
+          f"| c1 TTFT p50 ms | {res['c1_ttft_p50_ms']:.1f} | <= 30 |\n"
+          f"| offline decode step b1 ms | {res['offline_step_b1_ms']:.2f} | |\n"
+          f"| c1 ITL p50 ms | {res['c1_itl_p50_ms']:.2f} ({res['c1_itl_p50_ms'] / res['offline_step_b1_ms']:.2f} x) "
+          f"| <= 1.3 x |\n| failed requests | {res['failed']} | 0 |\n"
+          f"| server process start to healthy | {res['server_ready_s']:.1f} s | |")
+
+
+if __name__ == "__main__":
+    main()
