@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import inspect
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -297,6 +298,23 @@ def declare(name: str, reference: Callable, **kw) -> Op:
 def ops() -> dict[str, Op]:
     from . import ops as _ops  # noqa: F401 - importing declares every op
     return OPS
+
+
+def preload() -> threading.Thread:
+    """Import, in a background thread, every implementation declared for this platform and the
+    libraries it needs (fla's ops take ~5 s to import, Triton kernels ~1-2 s to decorate): started
+    before a checkpoint loads, the imports overlap its reading instead of delaying the first step.
+    Dispatch is unchanged (the same checks resolve the same modules, once)."""
+    plat = _platform.current()
+
+    def run():
+        for op in list(ops().values()):
+            for impl in list(op.impls.values()):
+                if plat.name in impl.platforms:
+                    impl.unavailable(plat)
+    t = threading.Thread(target=run, name="kernelgate-preload", daemon=True)
+    t.start()
+    return t
 
 
 def get(name: str) -> Op:

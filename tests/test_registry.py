@@ -304,3 +304,23 @@ def test_checked_mode_runs_value_checks_on_every_call(make_op):
     with registry.checked(False):
         op(x, torch.tensor([1, 0]))
     assert len(runs) == 2
+
+
+def test_preload_imports_this_platforms_implementations_in_the_background():
+    """load_model starts registry.preload(): afterwards every string-referenced implementation
+    declared for this platform whose requirements hold is imported (resolved), on another thread."""
+    from kernelgate import platform as plat_mod
+    plat = plat_mod.current()
+    lazy = [impl for op in registry.ops().values() for impl in op.impls.values()
+            if plat.name in impl.platforms and isinstance(impl.fn, str)]
+    assert lazy, "no string-referenced implementation on this platform: the test checks nothing"
+    for impl in lazy:                      # as before any dispatch (the modules stay imported: the
+        impl._resolved = impl._resolve_error = None   # thread re-resolves the same attributes)
+    t = registry.preload()
+    assert t.daemon and t.name == "kernelgate-preload"
+    t.join(120)
+    assert not t.is_alive()
+    for impl in lazy:
+        ok = all(plat_mod.library_reason(r) is None for r in impl.requires if r not in ("triton", "triton-compiled"))
+        if ok and not (set(impl.requires) & {"triton", "triton-compiled"} and plat.triton):
+            assert impl._resolved is not None or impl._resolve_error, f"{impl.op.name}/{impl.name} not imported"

@@ -1,4 +1,5 @@
-"""fla-core (flash-linear-attention) backed KDA implementations, imported lazily.
+"""fla-core (flash-linear-attention) backed KDA implementations. The registry imports this module
+only where fla imports (the implementations require "fla"), on first use or in registry.preload.
 
 fla keeps one state per sequence of the call ([N, H, K, V], K-first like our pool), so the
 wrappers gather the initial states from the slot pool and scatter the final states back.
@@ -8,6 +9,7 @@ before the call; their outputs are zeros.
 from __future__ import annotations
 
 import torch
+from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
 from ... import alloc
 
@@ -46,8 +48,6 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
 
     fla takes neither skipped nor empty sequences, so when some are present the tokens of
     the others are compacted ([Tk] index `tok`), run, and scattered back into zeros."""
-    from fla.ops.kda import chunk_kda
-
     kept, sl, cu = _kept(slots, state.shape[0], cu_seqlens, slots_cpu, cu_seqlens_cpu, q.shape[0])
     N = len(sl)
     # every sequence runs and together they cover [0, T) (kept ranges are non-decreasing)
@@ -79,8 +79,6 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
 
 def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     """kda_decode through fla `fused_recurrent_kda` (one token per sequence)."""
-    from fla.ops.kda import fused_recurrent_kda
-
     N = q.shape[0]
     kept, _, _ = _kept(slots, state.shape[0])
     o = alloc.empty(v.shape, v.dtype, v.device)

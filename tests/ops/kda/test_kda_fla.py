@@ -64,9 +64,9 @@ def fake_chunk_kda(calls):
 
 @pytest.fixture
 def fla_calls(monkeypatch):
-    import fla.ops.kda
+    from kernelgate.ops.kda import kda_fla
     calls = []
-    monkeypatch.setattr(fla.ops.kda, "chunk_kda", fake_chunk_kda(calls))
+    monkeypatch.setattr(kda_fla, "chunk_kda", fake_chunk_kda(calls))   # (the name the wrapper calls)
     return calls
 
 
