@@ -5,7 +5,9 @@ The model is not thread-safe, so exactly one background thread touches the `Engi
     loop:  take new requests and aborts from the inbox (a lock-guarded list)
            -> engine.add_request / engine.abort
            -> engine.step()  (one batch over everything running)
-           -> each RequestOutput to its request's asyncio.Queue (call_soon_threadsafe)
+           -> each RequestOutput to its request's asyncio.Queue (one call_soon_threadsafe
+              per event loop per step); a client that fell behind reads the outputs queued
+              for it as one (its tokens in order)
 
 Clients call `await add_request(...)`, which returns once the engine thread admitted the
 request (or raises why not), then iterate the returned stream. Leaving the iteration early
@@ -80,6 +82,8 @@ class RequestStream:
         except BaseException:        # cancelled: the client went away
             self.abort()
             raise
+        while not out.finished and not self.queue.empty():   # the client fell behind: one output
+            out = _merged(out, self.queue.get_nowait())       # for every step it missed
         self.finished = out.finished
         return out
 
@@ -222,18 +226,24 @@ class AsyncEngine:
             outs = []
         self._report()            # before delivering: a client that saw a token sees its gauges
         now = time.perf_counter()
+        by_loop: dict = {}        # one wake-up per event loop per step, not one per request
         for out in outs:
-            self._deliver(out, now)
+            t = self._deliver(out, now)
+            if t is not None:
+                by_loop.setdefault(t.loop, []).append((t.queue, out))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _report(self) -> None:
         self._running = self.engine.num_running
         self.observer.on_step(self._running, self.engine.num_waiting, self.engine.cache_usage)
 
-    def _deliver(self, out: RequestOutput, now: float) -> None:
+    def _deliver(self, out: RequestOutput, now: float) -> _Tracked | None:
+        """Metrics for one output; its request (whose queue gets it), or None if aborted."""
         with self._cv:
             t = self._tracked.get(out.request_id)
             if t is None:              # aborted meanwhile: nobody listens
-                return
+                return None
             if out.finished:
                 del self._tracked[out.request_id]
         n = len(out.new_token_ids)
@@ -249,7 +259,7 @@ class AsyncEngine:
             if out.finish_reason == "error":
                 log.error("kernelgate: request %s failed: %s", out.request_id, out.error)
             self.observer.on_finish(now - t.arrival, out.finish_reason or "error")
-        t.loop.call_soon_threadsafe(t.queue.put_nowait, out)
+        return t
 
     def _finish(self, rid: str, reason: str, error: str | None) -> None:
         """End a tracked request from outside the engine's outputs (step failure, shutdown)."""
@@ -264,6 +274,18 @@ class AsyncEngine:
         out = RequestOutput(rid, [], True, reason, len(t.prompt_ids), 0, error=error)
         t.loop.call_soon_threadsafe(_resolve, t.admitted, None)
         t.loop.call_soon_threadsafe(t.queue.put_nowait, out)
+
+
+def _put_all(items: list) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
+def _merged(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Two consecutive outputs of one request as one (b is the later)."""
+    lp = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
+    return RequestOutput(a.request_id, a.new_token_ids + b.new_token_ids, b.finished, b.finish_reason, b.prompt_len,
+                         b.num_output_tokens, error=b.error, logprobs=lp)
 
 
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:

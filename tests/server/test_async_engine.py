@@ -122,3 +122,27 @@ def test_shutdown_aborts_running_and_refuses_new():
     last = run(main())
     assert last.finished and last.finish_reason == "abort"
     assert not ae._thread.is_alive() and not fake.running
+
+
+def test_a_client_that_falls_behind_reads_the_missed_steps_as_one_output():
+    """The engine steps on while a client is busy: its next read is one output holding every
+    token queued for it, in order, with the last step's finish; nothing lost or repeated."""
+    fake = FakeEngine(slots=1)
+    ae = AsyncEngine(fake).start()
+
+    async def main():
+        s = await ae.add_request("r", [1], SamplingParams(max_new_tokens=40))
+        first = await s.__anext__()
+        for _ in range(200):                   # let the engine finish while nobody reads
+            if ae.num_unfinished == 0:
+                break
+            await asyncio.sleep(0.01)
+        rest = [o async for o in s]
+        await ae.shutdown(1)
+        return first, rest
+    first, rest = run(main())
+    toks = first.new_token_ids + [t for o in rest for t in o.new_token_ids]
+    assert toks == [2 + k for k in range(40)]                 # 40 engine steps, every token once
+    outs = [first] + rest
+    assert len(outs) <= 2 and [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert outs[-1].finish_reason == "length" and outs[-1].num_output_tokens == 40
