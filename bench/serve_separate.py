@@ -3,6 +3,7 @@ c1 figures as a user would measure them), vs offline `kernelgate.generate()` on 
 checkpoint in this process afterwards.
 
     PYTHONPATH=. python bench/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
+    ... --switch-interval 0.005 0.0005   # one server run per sys.setswitchinterval value (0.005: Python's default)
 
 Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
 """
@@ -41,12 +42,40 @@ def main():
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--switch-interval", type=float, nargs="*", default=[None],
+                    help="run the server with these sys.setswitchinterval values (seconds), one run each")
+    ap.add_argument("--no-offline", action="store_true")
     a = ap.parse_args()
+    rows = [(si, serve(a, si)) for si in a.switch_interval]
+    if not a.no_offline:
+        off, step1 = offline(a)
+    for si, res in rows:
+        c = a.concurrency
+        print(f"\nserver switch interval: {'default' if si is None else f'{si * 1e3:g} ms'}")
+        print("| metric | value | target |\n|---|---:|---|")
+        if not a.no_offline:
+            print(f"| offline generate() b{c} output tok/s | {off:,.0f} | |\n"
+                  f"| served c{c} output tok/s | {res['cN_tok_s']:,.0f} ({res['cN_tok_s'] / off:.2f} x offline) | >= 0.85 x |\n"
+                  f"| offline decode step b1 ms | {step1 * 1e3:.2f} | |\n"
+                  f"| c1 ITL p50 ms | {res['c1_itl_p50_ms']:.2f} ({res['c1_itl_p50_ms'] / (step1 * 1e3):.2f} x) | <= 1.3 x |")
+        print(f"| c{c} output tok/s | {res['cN_tok_s']:,.0f} | |\n"
+              f"| c{c} TTFT p50 / ITL p50 ms | {res['cN_ttft_p50_ms']:.1f} / {res['cN_itl_p50_ms']:.2f} | |\n"
+              f"| c1 TTFT p50 ms | {res['c1_ttft_p50_ms']:.1f} | <= 30 |\n"
+              + (f"| c1 ITL p50 ms | {res['c1_itl_p50_ms']:.2f} | |\n" if a.no_offline else "") +
+              f"| failed requests | {res['failed']} | 0 |\n"
+              f"| server process start to healthy | {res['server_ready_s']:.1f} s | |")
+
+
+def serve(a, switch_interval=None) -> dict:
+    """Start `kernelgate serve` in its own process, run the client against it, stop it."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
-    srv = subprocess.Popen([sys.executable, "-m", "kernelgate", "serve", "--model", a.model, "--port", str(port),
-                            "--max-num-seqs", str(a.concurrency)],
+    argv = ["kernelgate", "serve", "--model", a.model, "--port", str(port), "--max-num-seqs", str(a.concurrency)]
+    pre = [] if switch_interval is None else [
+        "-c", f"import runpy, sys; sys.setswitchinterval({switch_interval}); sys.argv = {argv!r}; "
+              "runpy.run_module('kernelgate', run_name='__main__')"]
+    srv = subprocess.Popen([sys.executable, *(pre or ["-m", *argv])],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     res = {}
     try:
@@ -73,7 +102,11 @@ def main():
             srv.wait(30)
         except subprocess.TimeoutExpired:
             srv.kill()
+    return res
 
+
+def offline(a) -> tuple[float, float]:
+    """(output tok/s of generate() at --concurrency, median decode step at batch 1 in s)."""
     import random
 
     import kernelgate
@@ -85,28 +118,18 @@ def main():
     prompts = [[rng.randrange(V) for _ in range(a.input_len)] for _ in range(a.concurrency)]
     engine = Engine(model, max_num_seqs=a.concurrency, max_model_len=a.input_len + a.output_len + 16)
 
-    def offline(ps):
+    def run(ps):
         t = Timing()
         t0 = time.perf_counter()
         out = kernelgate.generate(model, ps, max_new_tokens=a.output_len, stop_token_ids=[], engine=engine, timing=t)
         steps = [dt for kind, _, dt in t.steps if kind == "decode"]
         return sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0), statistics.median(steps[1:] or steps)
     for n in (1, 8, a.concurrency):
-        offline(prompts[:n])
-    res["offline_tok_s"], _ = offline(prompts)
-    _, step1 = offline(prompts[:1])
-    res["offline_step_b1_ms"] = step1 * 1e3
-    c = a.concurrency
-    print(f"\n| metric | value | target |\n|---|---:|---|\n"
-          f"| offline generate() b{c} output tok/s | {res['offline_tok_s']:,.0f} | |\n"
-          f"| served c{c} output tok/s | {res['cN_tok_s']:,.0f} ({res['cN_tok_s'] / res['offline_tok_s']:.2f} x offline) "
-          f"| >= 0.85 x |\n"
-          f"| c{c} TTFT p50 / ITL p50 ms | {res['cN_ttft_p50_ms']:.1f} / {res['cN_itl_p50_ms']:.2f} | |\n"
-          f"| c1 TTFT p50 ms | {res['c1_ttft_p50_ms']:.1f} | <= 30 |\n"
-          f"| offline decode step b1 ms | {res['offline_step_b1_ms']:.2f} | |\n"
-          f"| c1 ITL p50 ms | {res['c1_itl_p50_ms']:.2f} ({res['c1_itl_p50_ms'] / res['offline_step_b1_ms']:.2f} x) "
-          f"| <= 1.3 x |\n| failed requests | {res['failed']} | 0 |\n"
-          f"| server process start to healthy | {res['server_ready_s']:.1f} s | |")
+        run(prompts[:n])
+    tok_s, _ = run(prompts)
+    _, step1 = run(prompts[:1])
+    engine.close()
+    return tok_s, step1
 
 
 if __name__ == "__main__":
