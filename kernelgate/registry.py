@@ -302,8 +302,9 @@ def ops() -> dict[str, Op]:
 
 def preload() -> threading.Thread:
     """Import, in a background thread, every implementation declared for this platform and the
-    libraries it needs (fla's ops take ~5 s to import, Triton kernels ~1-2 s to decorate): started
-    before a checkpoint loads, the imports overlap its reading instead of delaying the first step.
+    libraries it needs (fla's ops take ~5 s to import, Triton kernels ~1-2 s to decorate): `kernelgate
+    run` / `serve` start it before a checkpoint loads, so the imports overlap its reading instead of
+    delaying the first step.
     Dispatch is unchanged (the same checks resolve the same modules, once)."""
     plat = _platform.current()
 

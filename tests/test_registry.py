@@ -307,7 +307,7 @@ def test_checked_mode_runs_value_checks_on_every_call(make_op):
 
 
 def test_preload_imports_this_platforms_implementations_in_the_background():
-    """load_model starts registry.preload(): afterwards every string-referenced implementation
+    """`kernelgate run / serve --model` start registry.preload(): afterwards every string-referenced implementation
     declared for this platform whose requirements hold is imported (resolved), on another thread."""
     from kernelgate import platform as plat_mod
     plat = plat_mod.current()

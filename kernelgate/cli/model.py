@@ -24,8 +24,9 @@ def builtin_model(device=None, dtype=None, seed: int = 0):
 
 def load(args):
     """(model, description) from --model / --device / --dtype."""
-    from .. import load_model
+    from .. import load_model, registry
     if args.model:
+        registry.preload()     # kernel modules and libraries (fla: ~5 s) import while the weights are read
         tp = dict(tensor_parallel_size=getattr(args, "tensor_parallel_size", None) or 1,
                   enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", None)))
         return load_model(args.model, device=args.device, dtype=args.dtype, **tp), args.model

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from .. import registry
 from ..platform import KernelgateError, default_device
 from .config import KimiLinearConfig
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
@@ -335,9 +334,7 @@ def load_model(path, device=None, dtype=None, par: Parallel = SINGLE) -> KimiLin
         raise KernelgateError(f"load_model: {path} is not a folder")
     config = KimiLinearConfig.from_file(folder)
     dt = _dtype(dtype, config)
-    dev = _device(device)
-    registry.preload()                 # kernel modules and libraries import while the weights are read
-    model = build(config, device=dev, dtype=dt, seed=None, par=par)
+    model = build(config, device=_device(device), dtype=dt, seed=None, par=par)
     with torch.no_grad():
         load_weights(model, folder)
     model.tokenizer = load_tokenizer(folder)
