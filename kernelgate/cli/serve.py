@@ -35,9 +35,6 @@ def add_parser(sub, common) -> None:
     p.set_defaults(fn=main)
 
 
-SWITCH_INTERVAL_S = 0.001
-
-
 def main(args) -> int:
     import os
     from pathlib import Path
@@ -59,10 +56,6 @@ def main(args) -> int:
     warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True))
     name = args.served_model_name or (Path(args.model).resolve().name if args.model else BUILTIN)
     metrics = Metrics(name)
-    # The engine thread and the HTTP event loop share one GIL: at Python's default 5 ms switch
-    # interval a step waits up to 5 ms for the streaming side to yield it. 1 ms (H200, 4 layers,
-    # c64: 0.27-0.40x -> 0.49x offline throughput; 0.2 ms 0.45x): bench/serve_separate.py.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     aengine = AsyncEngine(engine, max_queued=args.max_queued_requests, observer=metrics).start()
     info = ModelInfo(name, model.tokenizer, args.max_model_len, model.config.vocab_size,
                      list(model.config.eos_token_ids))
