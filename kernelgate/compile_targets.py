@@ -204,11 +204,10 @@ def _spec_line(s: Spec) -> str:
 def report(rows, verbose: bool = True, out=sys.stdout) -> int:
     bad = 0
     for r in rows:
-        same = sum(bool(s.get("same_as")) for s in r["specs"])
-        n, dup = len(r["specs"]) - same, sum(s["reuses"] for s in r["specs"])
+        shared = [s["same_as"] for s in r["specs"] if s.get("same_as")]
+        n, dup = len(r["specs"]) - len(shared), sum(s["reuses"] for s in r["specs"])
         head = f"{r['target']:7s} {r['impl']:45s} {r['seconds']:6.1f} s  {n:3d} compiled {dup:3d} reused  " + \
-            (f"{same:3d} lowered for {r['specs'][[bool(s.get('same_as')) for s in r['specs']].index(True)]['same_as']}  "
-             if same else "")
+            (f"{len(shared):3d} lowered for {shared[0]}  " if shared else "")
         if r["status"] == "ok":
             rej = "".join(f"\n    (dispatch rejects {len(c)} cases: {why})" for why, c in r["rejected"].items())
             print(head + "ok" + rej, file=out)
