@@ -3,7 +3,7 @@ c1 figures as a user would measure them), vs offline `kernelgate.generate()` on 
 checkpoint in this process afterwards.
 
     PYTHONPATH=. python bench/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
-    ... --switch-interval 0.005 0.0005   # one server run per sys.setswitchinterval value (0.005: Python's default)
+    ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
 
 Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
 """
@@ -42,16 +42,16 @@ def main():
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--switch-interval", type=float, nargs="*", default=[None],
-                    help="run the server with these sys.setswitchinterval values (seconds), one run each")
+    ap.add_argument("--engine", nargs="*", choices=["process", "thread"], default=["process"],
+                    help="one server run per value: the engine in its own process, or on a server thread")
     ap.add_argument("--no-offline", action="store_true")
     a = ap.parse_args()
-    rows = [(si, serve(a, si)) for si in a.switch_interval]
+    rows = [(mode, serve(a, mode)) for mode in a.engine]
     if not a.no_offline:
         off, step1 = offline(a)
     for si, res in rows:
         c = a.concurrency
-        print(f"\nserver switch interval: {'default' if si is None else f'{si * 1e3:g} ms'}")
+        print(f"\nkernelgate serve, engine in {'its own process' if si == 'process' else 'a server thread'}")
         print("| metric | value | target |\n|---|---:|---|")
         if not a.no_offline:
             print(f"| offline generate() b{c} output tok/s | {off:,.0f} | |\n"
@@ -66,16 +66,15 @@ def main():
               f"| server process start to healthy | {res['server_ready_s']:.1f} s | |")
 
 
-def serve(a, switch_interval=None) -> dict:
+def serve(a, mode="process") -> dict:
     """Start `kernelgate serve` in its own process, run the client against it, stop it."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
     argv = ["kernelgate", "serve", "--model", a.model, "--port", str(port), "--max-num-seqs", str(a.concurrency)]
-    pre = [] if switch_interval is None else [
-        "-c", f"import runpy, sys; sys.setswitchinterval({switch_interval}); sys.argv = {argv!r}; "
-              "runpy.run_module('kernelgate', run_name='__main__')"]
-    srv = subprocess.Popen([sys.executable, *(pre or ["-m", *argv])],
+    if mode == "thread":
+        argv.append("--no-engine-process")
+    srv = subprocess.Popen([sys.executable, "-m", *argv],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     res = {}
     try:

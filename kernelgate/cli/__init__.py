@@ -24,6 +24,11 @@ def _apply_common(args) -> None:
     if getattr(args, "force", None):
         prev = os.environ.get("KERNELGATE_FORCE", "")
         os.environ["KERNELGATE_FORCE"] = ",".join(filter(None, [prev, *args.force]))
+    apply_env()
+
+
+def apply_env() -> None:
+    """The registry as KERNELGATE_PLATFORM / KERNELGATE_FORCE say (a command's own processes too)."""
     from .. import registry
     registry.refresh()
     registry.parse_overrides(os.environ.get("KERNELGATE_FORCE", ""))  # unknown names fail now

@@ -31,3 +31,14 @@ def load(args):
                   enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", None)))
         return load_model(args.model, device=args.device, dtype=args.dtype, **tp), args.model
     return builtin_model(args.device, args.dtype), "built-in tiny Kimi Linear (seeded) + byte tokenizer"
+
+
+def load_tokenizer(args):
+    """The tokenizer `load(args)` gives its model, without loading the model."""
+    if args.model:
+        from pathlib import Path
+
+        from ..models.loader import load_tokenizer as from_folder
+        return from_folder(Path(args.model))
+    from ..tokenizer import ByteTokenizer
+    return ByteTokenizer()

@@ -3,11 +3,13 @@
     kernelgate serve                               # the built-in model on 127.0.0.1:8000
     kernelgate serve --model DIR --dtype bfloat16 --max-num-seqs 64 --api-key KEY
 
-SIGINT / SIGTERM: stop accepting connections, let running requests finish for up to
+The engine runs in a process of its own (engine/core_process.py; --no-engine-process: on a
+thread of the server). SIGINT / SIGTERM: stop accepting connections, let running requests finish for up to
 --shutdown-timeout seconds, abort the rest, exit with rc 0.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
@@ -31,8 +33,27 @@ def add_parser(sub, common) -> None:
     p.add_argument("--shutdown-timeout", type=flags.float_in(0.0, 3600.0), default=10.0,
                    help="seconds running requests get to finish on SIGINT / SIGTERM (default 10)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in a process of its own, apart from the HTTP server's Python work "
+                        "(default; --no-engine-process: on a thread of the server)")
     flags.add_engine_args(p, max_num_seqs_default=16)
     p.set_defaults(fn=main)
+
+
+def build_engine(args):
+    """The engine `serve` runs, built and warmed up (in the engine process unless
+    --no-engine-process); -> (engine, what the server needs to know of the model)."""
+    from ..engine.engine import Engine
+    from ..engine.warmup import warm_up
+    from . import apply_env
+    from .model import load
+    apply_env()
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    model, source = load(args)
+    engine = Engine(model, **flags.engine_kwargs(args))
+    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True))
+    return engine, {"source": source, "vocab_size": model.config.vocab_size,
+                    "eos_token_ids": list(model.config.eos_token_ids)}
 
 
 def main(args) -> int:
@@ -42,35 +63,38 @@ def main(args) -> int:
     import uvicorn
 
     from ..engine.async_engine import AsyncEngine
-    from ..engine.engine import Engine
-    from ..engine.warmup import warm_up
+    from ..engine.core_process import EngineProcess
     from ..server.app import create_app
     from ..server.jobs import ModelInfo
     from ..server.metrics import Metrics
-    from .model import BUILTIN, load
+    from .model import BUILTIN, load_tokenizer
     flags.check_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    model, source = load(args)
+    if args.engine_process:
+        core = EngineProcess(build_engine, args).spawn()
+        tokenizer = load_tokenizer(args)          # while the engine process loads the model
+        got = core.ready()
+    else:
+        core, got = build_engine(args)
+        tokenizer = core.model.tokenizer
     kw = flags.engine_kwargs(args)
-    engine = Engine(model, **kw)
-    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True))
     name = args.served_model_name or (Path(args.model).resolve().name if args.model else BUILTIN)
     metrics = Metrics(name)
-    aengine = AsyncEngine(engine, max_queued=args.max_queued_requests, observer=metrics).start()
-    info = ModelInfo(name, model.tokenizer, args.max_model_len, model.config.vocab_size,
-                     list(model.config.eos_token_ids))
+    aengine = AsyncEngine(core, max_queued=args.max_queued_requests, observer=metrics).start()
+    info = ModelInfo(name, tokenizer, args.max_model_len, got["vocab_size"], got["eos_token_ids"])
     api_key = args.api_key or os.environ.get("KERNELGATE_API_KEY") or None
     app = create_app(aengine, info, metrics, api_key=api_key, shutdown_timeout=1.0)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it is done; a handled signal is a clean exit
-    got = []
+    got_signal = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda s, f: got.append(s))
-    print(f"kernelgate serve: {source} as {name!r} on http://{args.host}:{args.port}/v1 "
-          f"(max_model_len {args.max_model_len}, engine {kw})", file=sys.stderr, flush=True)
+        signal.signal(sig, lambda s, f: got_signal.append(s))
+    where = "its own process" if args.engine_process else "a thread of the server"
+    print(f"kernelgate serve: {got['source']} as {name!r} on http://{args.host}:{args.port}/v1 "
+          f"(max_model_len {args.max_model_len}, engine {kw} in {where})", file=sys.stderr, flush=True)
     server.run()
-    if not server.started and not got:
+    if not server.started and not got_signal:
         raise KernelgateError(f"serve: could not start on {args.host}:{args.port} (see the log above)")
     return 0

@@ -1,21 +1,23 @@
-"""One engine, one thread, many asyncio clients: the loop under `kernelgate serve`.
+"""Many asyncio clients over one engine loop: the front end under `kernelgate serve`.
 
-The model is not thread-safe, so exactly one background thread touches the `Engine`:
+The model is not thread-safe, so exactly one loop (`core_loop.run_loop`) touches the
+`Engine`: on a background thread of this process, or in an engine process of its own
+(`core_process.EngineProcess`: the HTTP server's Python work then never holds the GIL the
+engine's step needs). This front end sends it commands and handles its events:
 
-    loop:  take new requests and aborts from the inbox (a lock-guarded list)
-           -> engine.add_request / engine.abort
-           -> engine.step()  (one batch over everything running)
-           -> each RequestOutput to its request's asyncio.Queue (one call_soon_threadsafe
+    add_request / abort        -> ("add", ...) / ("abort", id) to the loop
+    loop: adds and aborts, engine.step() -> ("admitted", ...) and ("outputs", ...) events
+    events -> each RequestOutput to its request's asyncio.Queue (one call_soon_threadsafe
               per event loop per step); a client that fell behind reads the outputs queued
               for it as one (its tokens in order)
 
-Clients call `await add_request(...)`, which returns once the engine thread admitted the
-request (or raises why not), then iterate the returned stream. Leaving the iteration early
-(a client disconnect cancels the task) aborts the request, which frees its slot and cache at
-the next step boundary. A step that raises fails the requests it was running with
-finish_reason "error" and the loop goes on. The inbox plus the engine's own waiting queue
-are bounded: past `max_queued` requests not running (as of the latest step) a new request
-raises `QueueFull` at once.
+Clients call `await add_request(...)`, which returns once the engine admitted the request
+(or raises why not), then iterate the returned stream. Leaving the iteration early (a client
+disconnect cancels the task) aborts the request, which frees its slot and cache at the next
+step boundary. A step that raises fails the requests it was running with finish_reason
+"error" and the loop goes on; a loop (or engine process) that dies fails every request and
+marks the engine dead. Requests not yet running are bounded: past `max_queued` of them (as of
+the latest step) a new request raises `QueueFull` at once.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..platform import KernelgateError
+from .core_loop import ThreadCore
 from .engine import RequestOutput
 from .sampling import SamplingParams
 
@@ -94,37 +97,35 @@ class RequestStream:
 
 
 class AsyncEngine:
+    """engine: an `Engine` (or anything with its interface), run on a thread of this process,
+    or a started `core_process.EngineProcess` (the engine in a process of its own)."""
+
     def __init__(self, engine, max_queued: int = 1024, observer: Observer | None = None):
-        self.engine = engine
+        self.core = engine if hasattr(engine, "send") else ThreadCore(engine)
         self.max_queued = max_queued
         self.observer = observer or Observer()
-        self._cv = threading.Condition()
-        self._inbox: list[str] = []            # request ids to add, in arrival order
-        self._aborts: list[str] = []
+        self._lock = threading.Lock()
         self._tracked: dict[str, _Tracked] = {}
-        self._running = 0                      # engine.num_running after the latest step
+        self._running = 0                      # requests running after the latest step
         self._stopping = False                 # no new requests
-        self._exit = False                     # the thread aborts everything and returns
-        self._thread: threading.Thread | None = None
-        self.dead: str | None = None           # why the loop thread stopped, if it did
+        self.dead: str | None = None           # why the engine loop stopped, if it did
 
     # ---- client side (any thread / event loop) ----
     def start(self) -> AsyncEngine:
-        self._thread = threading.Thread(target=self._run, name="kernelgate-engine", daemon=True)
-        self._thread.start()
+        self.core.start(self._on_events)
         return self
 
     @property
     def num_unfinished(self) -> int:
-        with self._cv:
+        with self._lock:
             return len(self._tracked)
 
     async def add_request(self, request_id: str, prompt_ids: list, params: SamplingParams) -> RequestStream:
-        """Queue a request; returns its output stream once the engine thread admitted it.
+        """Queue a request; returns its output stream once the engine admitted it.
         Raises QueueFull, EngineStopped, or RequestRejected (with the engine's message)."""
         loop = asyncio.get_running_loop()
         t = _Tracked(loop, asyncio.Queue(), loop.create_future(), list(prompt_ids), params)
-        with self._cv:
+        with self._lock:
             if self._stopping or self.dead:
                 raise EngineStopped(f"engine: not accepting requests ({self.dead or 'shutting down'})")
             if len(self._tracked) - self._running >= self.max_queued:
@@ -132,8 +133,7 @@ class AsyncEngine:
             if request_id in self._tracked:
                 raise RequestRejected(f"engine: request id {request_id!r} is already running")
             self._tracked[request_id] = t
-            self._inbox.append(request_id)
-            self._cv.notify()
+            self.core.send(("add", request_id, t.prompt_ids, params))
         try:
             await t.admitted
         except asyncio.CancelledError:
@@ -143,88 +143,55 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its stream gets no more outputs); unknown ids are ignored."""
-        with self._cv:
+        with self._lock:
             t = self._tracked.pop(request_id, None)
             if t is not None:
-                self._aborts.append(request_id)
-                self._cv.notify()
+                self.core.send(("abort", request_id))
         if t is not None:
             self.observer.on_finish(time.perf_counter() - t.arrival, "abort")
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop taking requests, let running ones finish for up to `timeout` s, abort the rest."""
-        with self._cv:
+        with self._lock:
             self._stopping = True
         deadline = time.monotonic() + timeout
         while self.num_unfinished and time.monotonic() < deadline and not self.dead:
             await asyncio.sleep(0.05)
-        with self._cv:
+        with self._lock:
             left = list(self._tracked)
         for rid in left:
             self._finish(rid, "abort", "server shutting down")
-        with self._cv:
-            self._exit = True
-            self._cv.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5.0)
+        self.core.send(("exit",))
+        await asyncio.to_thread(self.core.join, 5.0)
 
-    # ---- engine thread ----
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._inbox or self._aborts or self.engine.has_unfinished()
-                               or self._exit):
-                        self._cv.wait()
-                    if self._exit:
-                        ids, aborts = [], list(self._tracked) + self._aborts
-                    else:
-                        ids, aborts = self._inbox, self._aborts
-                    self._inbox, self._aborts = [], []
-                    adds = [(rid, self._tracked.get(rid)) for rid in ids]
-                for rid in aborts:
-                    self.engine.abort(rid)
-                if self._exit:
-                    return
-                for rid, t in adds:
-                    if t is not None:
-                        self._admit(rid, t)
-                if self.engine.has_unfinished():
-                    self._step()
-                else:                  # aborts freed everything: the gauges must say so
-                    self._report()
-        except BaseException as e:  # noqa: BLE001 - the loop must never die silently
-            self.dead = f"engine loop died: {type(e).__name__}: {e}"
-            log.exception("kernelgate: %s", self.dead)
-            with self._cv:
-                left = list(self._tracked)
-            for rid in left:
-                self._finish(rid, "error", self.dead)
+    # ---- the engine's events (on the core's thread) ----
+    def _on_events(self, events: list) -> None:
+        for ev in events:
+            kind = ev[0]
+            if kind == "outputs":
+                self._outputs(*ev[1:])
+            elif kind == "admitted":
+                self._admitted(*ev[1:])
+            elif kind == "failed":
+                for rid in ev[1]:
+                    self._finish(rid, "error", ev[2])
+            elif kind == "dead":
+                self.dead = ev[1]
+                with self._lock:
+                    left = list(self._tracked)
+                for rid in left:
+                    self._finish(rid, "error", self.dead)
 
-    def _admit(self, rid: str, t: _Tracked) -> None:
-        try:
-            self.engine.add_request(rid, t.prompt_ids, t.params)
-        except Exception as e:  # noqa: BLE001 - a bad request is the client's error, not the loop's
-            with self._cv:
-                self._tracked.pop(rid, None)
-            msg = str(e) if isinstance(e, KernelgateError) else f"{type(e).__name__}: {e}"
-            t.loop.call_soon_threadsafe(_resolve, t.admitted, RequestRejected(msg))
-            return
-        t.loop.call_soon_threadsafe(_resolve, t.admitted, None)
+    def _admitted(self, rid: str, error: str | None) -> None:
+        with self._lock:
+            t = self._tracked.get(rid) if error is None else self._tracked.pop(rid, None)
+        if t is not None:
+            t.loop.call_soon_threadsafe(_resolve, t.admitted, None if error is None else RequestRejected(error))
 
-    def _step(self) -> None:
-        try:
-            outs = self.engine.step()
-        except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
-            msg = f"engine step failed: {type(e).__name__}: {e}"
-            log.exception("kernelgate: %s", msg)
-            with self._cv:
-                victims = list(self._tracked)
-            for rid in victims:
-                self.engine.abort(rid)
-                self._finish(rid, "error", msg)
-            outs = []
-        self._report()            # before delivering: a client that saw a token sees its gauges
+    def _outputs(self, outs: list, running: int, waiting: int, cache_usage: float) -> None:
+        self._running = running
+        # gauges before delivering: a client that saw a token sees its gauges
+        self.observer.on_step(running, waiting, cache_usage)
         now = time.perf_counter()
         by_loop: dict = {}        # one wake-up per event loop per step, not one per request
         for out in outs:
@@ -234,13 +201,9 @@ class AsyncEngine:
         for loop, items in by_loop.items():
             loop.call_soon_threadsafe(_put_all, items)
 
-    def _report(self) -> None:
-        self._running = self.engine.num_running
-        self.observer.on_step(self._running, self.engine.num_waiting, self.engine.cache_usage)
-
     def _deliver(self, out: RequestOutput, now: float) -> _Tracked | None:
         """Metrics for one output; its request (whose queue gets it), or None if aborted."""
-        with self._cv:
+        with self._lock:
             t = self._tracked.get(out.request_id)
             if t is None:              # aborted meanwhile: nobody listens
                 return None
@@ -263,11 +226,10 @@ class AsyncEngine:
 
     def _finish(self, rid: str, reason: str, error: str | None) -> None:
         """End a tracked request from outside the engine's outputs (step failure, shutdown)."""
-        with self._cv:
+        with self._lock:
             t = self._tracked.pop(rid, None)
             if t is not None and reason == "abort":
-                self._aborts.append(rid)
-                self._cv.notify()
+                self.core.send(("abort", rid))
         if t is None:
             return
         self.observer.on_finish(time.perf_counter() - t.arrival, reason)

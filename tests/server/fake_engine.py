@@ -1,9 +1,11 @@
 """A stand-in for engine.Engine with the same interface and no model: each step gives every
 running request the token (its last token + 1) % vocab. Knobs make faults on purpose:
 `gate` (a threading.Event) holds steps until set; a prompt holding `poison` makes the step
-that runs it raise; `slots` bounds how many requests run at once (the rest wait)."""
+that runs it raise, one holding `die` ends the process (exit code 7); `slots` bounds how many
+requests run at once (the rest wait). `build` makes one in an engine process."""
 from __future__ import annotations
 
+import os
 import threading
 
 from kernelgate.engine.engine import RequestOutput
@@ -11,8 +13,8 @@ from kernelgate.platform import KernelgateError
 
 
 class FakeEngine:
-    def __init__(self, vocab: int = 512, slots: int = 4, poison: int | None = None):
-        self.vocab, self.slots, self.poison = vocab, slots, poison
+    def __init__(self, vocab: int = 512, slots: int = 4, poison: int | None = None, die: int | None = None):
+        self.vocab, self.slots, self.poison, self.die = vocab, slots, poison, die
         self.gate = threading.Event()
         self.gate.set()
         self.waiting: list = []
@@ -54,6 +56,8 @@ class FakeEngine:
         self.steps += 1
         if self.poison is not None and any(self.poison in st[0] for st in self.running.values()):
             raise RuntimeError("poisoned batch")
+        if self.die is not None and any(self.die in st[0] for st in self.running.values()):
+            os._exit(7)
         outs = []
         for rid, (prompt, params, output) in list(self.running.items()):
             tok = ((output or prompt)[-1] + 1) % self.vocab
@@ -64,3 +68,10 @@ class FakeEngine:
             if reason:
                 del self.running[rid]
         return outs
+
+
+def build(fail: str | None, kw: dict):
+    """An engine process's builder (core_process.EngineProcess): FakeEngine(**kw), or `fail` raised."""
+    if fail:
+        raise KernelgateError(fail)
+    return FakeEngine(**kw), {"pid": os.getpid()}

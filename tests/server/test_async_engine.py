@@ -2,12 +2,16 @@
 touches the engine, cancel aborts, a full queue refuses at once, a failing step fails its
 requests and the loop goes on, shutdown ends everything."""
 import asyncio
+import os
 import threading
 
 import pytest
+import fake_engine
 from fake_engine import FakeEngine
 
 from kernelgate.engine.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
+from kernelgate.engine.core_process import EngineProcess
+from kernelgate.platform import KernelgateError
 from kernelgate.engine.sampling import SamplingParams
 
 
@@ -121,7 +125,7 @@ def test_shutdown_aborts_running_and_refuses_new():
         return last
     last = run(main())
     assert last.finished and last.finish_reason == "abort"
-    assert not ae._thread.is_alive() and not fake.running
+    assert not ae.core._thread.is_alive() and not fake.running
 
 
 def test_a_client_that_falls_behind_reads_the_missed_steps_as_one_output():
@@ -146,3 +150,41 @@ def test_a_client_that_falls_behind_reads_the_missed_steps_as_one_output():
     outs = [first] + rest
     assert len(outs) <= 2 and [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
     assert outs[-1].finish_reason == "length" and outs[-1].num_output_tokens == 40
+
+
+def test_engine_in_its_own_process_serves_fails_and_dies_cleanly():
+    """The same front end over an engine process: outputs per request, a refusal with the
+    engine's message, a failing step fails its requests only; then the process dies mid-step
+    (exit code 7): every open request ends with an error naming the exit, the engine is dead,
+    new requests are refused."""
+    proc = EngineProcess(fake_engine.build, None, {"slots": 2, "poison": 99, "die": 77}).spawn()
+    info = proc.ready()
+    assert info["pid"] != os.getpid() and proc.proc.is_alive()
+    ae = AsyncEngine(proc).start()
+
+    async def main():
+        streams = [await ae.add_request(f"r{i}", [10 * i + 1], SamplingParams(max_new_tokens=3 + i)) for i in range(3)]
+        res = await asyncio.gather(*(tokens(s) for s in streams))
+        with pytest.raises(RequestRejected, match=r"token ids outside \[0, 512\)"):
+            await ae.add_request("bad", [600], SamplingParams(max_new_tokens=1))
+        _, failed = await tokens(await ae.add_request("poison", [99], SamplingParams(max_new_tokens=5)))
+        long = await ae.add_request("long", [1], SamplingParams(max_new_tokens=10**9))
+        await long.__anext__()
+        await ae.add_request("die", [77], SamplingParams(max_new_tokens=5))
+        _, last = await tokens(long)
+        with pytest.raises(EngineStopped, match=r"engine process exited \(rc 7\)"):
+            await ae.add_request("late", [1], SamplingParams(max_new_tokens=1))
+        return res, failed, last
+    res, failed, last = run(main())
+    for i, (toks, out) in enumerate(res):
+        assert toks == [10 * i + 2 + k for k in range(3 + i)] and out.finish_reason == "length"
+    assert failed.finish_reason == "error" and "RuntimeError: poisoned batch" in failed.error
+    assert last.finished and last.finish_reason == "error" and last.error == "engine process exited (rc 7)"
+    assert ae.dead == "engine process exited (rc 7)" and ae.num_unfinished == 0
+    proc.join(5)
+    assert proc.proc.exitcode == 7
+
+
+def test_engine_process_that_fails_to_build_raises_its_message():
+    with pytest.raises(KernelgateError, match=r"^no such checkpoint: /nowhere$"):
+        EngineProcess(fake_engine.build, "no such checkpoint: /nowhere", {}).spawn().ready()

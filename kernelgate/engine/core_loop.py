@@ -1,0 +1,98 @@
+"""The loop that owns an `Engine`: commands in, events out, one batch of each per step.
+
+    commands  ("add", request_id, prompt_ids, params) | ("abort", request_id) | ("exit",)
+    events    ("admitted", request_id, error or None)      the engine took / refused a request
+              ("outputs", [RequestOutput], running, waiting, cache_usage)   after every step
+              ("failed", [request_id], message)            a step raised: those were aborted
+              ("dead", message)                            the loop itself died
+
+It runs where the engine lives: on a thread of this process (`ThreadCore`, tests and
+embedding) or in an engine process of its own (`core_process.EngineProcess`, under
+`kernelgate serve`), so the async front end (`async_engine.AsyncEngine`) is the same for both.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..platform import KernelgateError
+
+log = logging.getLogger("kernelgate.engine")
+
+
+def run_loop(engine, take, emit) -> None:
+    """take(block) -> list of commands (block: wait for one); emit(list of events)."""
+    live: set = set()                      # admitted, not finished
+    try:
+        while True:
+            events = []
+            for cmd in take(not engine.has_unfinished()):
+                if cmd[0] == "exit":
+                    return
+                if cmd[0] == "abort":
+                    live.discard(cmd[1])
+                    engine.abort(cmd[1])
+                    continue
+                _, rid, prompt_ids, params = cmd
+                try:
+                    engine.add_request(rid, prompt_ids, params)
+                    live.add(rid)
+                    events.append(("admitted", rid, None))
+                except Exception as e:  # noqa: BLE001 - a bad request is the client's error, not the loop's
+                    events.append(("admitted", rid, str(e) if isinstance(e, KernelgateError)
+                                   else f"{type(e).__name__}: {e}"))
+            if events:                      # admissions before the step, which may be long
+                emit(events)
+                events = []
+            outs = []
+            if engine.has_unfinished():
+                try:
+                    outs = engine.step()
+                except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
+                    msg = f"engine step failed: {type(e).__name__}: {e}"
+                    log.exception("kernelgate: %s", msg)
+                    for rid in live:
+                        engine.abort(rid)
+                    events.append(("failed", sorted(live), msg))
+                    live.clear()
+            for out in outs:
+                if out.finished:
+                    live.discard(out.request_id)
+            # after aborts too: the gauges must say when they freed everything
+            events.append(("outputs", outs, engine.num_running, engine.num_waiting, engine.cache_usage))
+            emit(events)
+    except BaseException as e:  # noqa: BLE001 - the loop must never die silently
+        msg = f"engine loop died: {type(e).__name__}: {e}"
+        log.exception("kernelgate: %s", msg)
+        emit([("dead", msg)])
+
+
+class ThreadCore:
+    """The loop on a background thread of this process; events are handled on that thread."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._cv = threading.Condition()
+        self._cmds: list = []
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_events) -> None:
+        self._thread = threading.Thread(target=run_loop, args=(self.engine, self._take, on_events),
+                                        name="kernelgate-engine", daemon=True)
+        self._thread.start()
+
+    def send(self, cmd: tuple) -> None:
+        with self._cv:
+            self._cmds.append(cmd)
+            self._cv.notify()
+
+    def _take(self, block: bool) -> list:
+        with self._cv:
+            while block and not self._cmds:
+                self._cv.wait()
+            cmds, self._cmds = self._cmds, []
+        return cmds
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

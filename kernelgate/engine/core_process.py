@@ -1,0 +1,155 @@
+"""The engine in a process of its own (vLLM V1's split of the engine core from the API server).
+
+`kernelgate serve` answers HTTP, renders chat templates, detokenizes and writes stream
+chunks in Python; on one interpreter that work and the engine's per-step host work share one
+GIL, and at 64 streams the server's side slowed every step (0.27-0.49 x offline throughput on
+an H200). Here the engine loop (`core_loop.run_loop`) runs in a child process: commands go to
+it over a pipe as they come, and it sends back one message per step (admissions, outputs
+packed as tuples, gauges).
+
+    proc = EngineProcess(build, args)      # build(*args) -> (engine, info), run in the child
+    info = proc.spawn().ready()            # returns once the engine is built and warm
+    AsyncEngine(proc, ...).start()         # the front end drives it like a local engine
+
+The child is started with "spawn" (no inherited CUDA or thread state). It ignores SIGINT (a
+terminal's Ctrl-C reaches the whole process group; the server drains and tells the engine
+when to exit) and exits on its own when the pipe closes, i.e. when the server process is
+gone. A child that dies makes the front end fail every request and report the engine dead,
+with its exit code.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import signal
+import threading
+
+from ..platform import KernelgateError
+from .engine import RequestOutput
+
+
+class EngineProcess:
+    def __init__(self, build, *args):
+        self.build, self.args = build, args
+        self.proc = None
+        self.conn = None
+        self._send_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    def spawn(self) -> EngineProcess:
+        """Start the child, which builds the engine (`ready` waits for it)."""
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child_main, args=(child, self.build, self.args),
+                                name="kernelgate-engine", daemon=False)   # its own children: TP ranks
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        atexit.register(self.stop)   # before multiprocessing's own exit hook joins the child
+        return self
+
+    def ready(self):
+        """Wait until the child's engine is built and warm; returns the builder's `info`.
+        A child that fails to build raises KernelgateError with its message."""
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(5)
+            raise KernelgateError(f"serve: the engine process exited with rc {self.proc.exitcode} "
+                                  "before it was ready (see the log above)") from None
+        except BaseException:
+            self.stop()
+            raise
+        if msg[0] != "ready":
+            self.stop()
+            raise KernelgateError(msg[1])
+        return msg[1]
+
+    # ---- the core interface of AsyncEngine ----
+    def start(self, on_events) -> None:
+        self._reader = threading.Thread(target=self._read, args=(on_events,), name="kernelgate-engine-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def send(self, cmd: tuple) -> None:
+        try:
+            with self._send_lock:
+                self.conn.send(cmd)
+        except (OSError, ValueError):   # the child is gone: the reader reports it
+            pass
+
+    def join(self, timeout: float) -> None:
+        if self.proc is not None:
+            self.proc.join(timeout)
+        self.stop()
+        if self._reader is not None:
+            self._reader.join(timeout)
+
+    def stop(self) -> None:
+        """Close the pipe (the child exits at its next look) and end a child that lingers."""
+        if self.conn is not None:
+            self.conn.close()
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.join(2)
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(5)
+
+    def _read(self, on_events) -> None:
+        while True:
+            try:
+                events = self.conn.recv()
+            except (EOFError, OSError):
+                if self.proc is not None:
+                    self.proc.join(5)
+                on_events([("dead", f"engine process exited (rc {self.proc.exitcode if self.proc else '?'})")])
+                return
+            on_events([_unpack(ev) for ev in events])
+            if events and events[-1][0] == "dead":
+                return
+
+
+def _pack(ev: tuple) -> tuple:
+    if ev[0] == "outputs":   # plain tuples pickle several times faster than dataclasses
+        return ("outputs", [tuple(vars(o).values()) for o in ev[1]], *ev[2:])
+    return ev
+
+
+def _unpack(ev: tuple) -> tuple:
+    if ev[0] == "outputs":
+        return ("outputs", [RequestOutput(*o) for o in ev[1]], *ev[2:])
+    return ev
+
+
+def _child_main(conn, build, args) -> None:
+    from .core_loop import run_loop
+    try:
+        engine, info = build(*args)
+    except BaseException as e:  # noqa: BLE001 - the server prints why, in one line
+        msg = str(e) if isinstance(e, KernelgateError) else f"engine failed to start: {type(e).__name__}: {e}"
+        conn.send(("failed", msg.splitlines()[0] if msg else type(e).__name__))
+        raise SystemExit(1) from None
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send(("ready", info))
+
+    def take(block: bool) -> list:
+        cmds = []
+        if block:
+            conn.poll(None)
+        try:
+            while conn.poll(0):
+                cmds.append(conn.recv())
+        except (EOFError, OSError):      # the server is gone: exit
+            cmds.append(("exit",))
+        return cmds
+
+    def emit(events: list) -> None:
+        try:
+            conn.send([_pack(ev) for ev in events])
+        except OSError:
+            pass
+
+    try:
+        run_loop(engine, take, emit)
+    finally:
+        atexit._run_exitfuncs()   # a multiprocessing child skips them: TP ranks, caches
