@@ -176,11 +176,11 @@ class AsyncEngine:
                 for rid in ev[1]:
                     self._finish(rid, "error", ev[2])
             elif kind == "dead":
-                self.dead = ev[1]
-                with self._lock:
-                    left = list(self._tracked)
-                for rid in left:
-                    self._finish(rid, "error", self.dead)
+                with self._lock:      # at once: no request is seen both open and on a dead engine
+                    self.dead = ev[1]
+                    left, self._tracked = self._tracked, {}
+                for rid, t in left.items():
+                    self._end(rid, t, "error", ev[1])
 
     def _admitted(self, rid: str, error: str | None) -> None:
         with self._lock:
@@ -230,12 +230,17 @@ class AsyncEngine:
             t = self._tracked.pop(rid, None)
             if t is not None and reason == "abort":
                 self.core.send(("abort", rid))
-        if t is None:
-            return
+        if t is not None:
+            self._end(rid, t, reason, error)
+
+    def _end(self, rid: str, t: _Tracked, reason: str, error: str | None) -> None:
         self.observer.on_finish(time.perf_counter() - t.arrival, reason)
         out = RequestOutput(rid, [], True, reason, len(t.prompt_ids), 0, error=error)
-        t.loop.call_soon_threadsafe(_resolve, t.admitted, None)
-        t.loop.call_soon_threadsafe(t.queue.put_nowait, out)
+        try:
+            t.loop.call_soon_threadsafe(_resolve, t.admitted, None)
+            t.loop.call_soon_threadsafe(t.queue.put_nowait, out)
+        except RuntimeError:   # its event loop is closed: nobody listens
+            pass
 
 
 def _put_all(items: list) -> None:
