@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import time
@@ -39,6 +40,8 @@ def parser(cls) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=flags.float_in(0.0, 1e6, lo_open=True), default=600.0,
                    help="seconds per request")
+    p.add_argument("--client-processes", type=flags.int_at_least(1),
+                   help="client processes sharing the load (default: one per 16 streams, at most half the cores)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
     p.add_argument("--result-file", help="also write the JSON result here")
     p.set_defaults(fn=main)
@@ -109,51 +112,114 @@ def _stats(name: str, values: list, into: dict) -> None:
         into[f"p{p}_{name}_ms"] = s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
 
 
-async def _bench(args) -> dict:
+async def _prepare(args) -> tuple:
+    """(model name, request bodies, arrival offsets in s) from the server's model card."""
     import httpx
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = _headers(args)
     base = args.base_url.rstrip("/")
     rng = random.Random(args.seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=args.timeout) as client:
         try:
             r = await client.get(f"{base}/v1/models", headers=headers)
         except httpx.HTTPError as e:
             raise RuntimeError(f"cannot reach {base}: {type(e).__name__}: {e}") from None
-        if r.status_code != 200:
-            raise RuntimeError(f"GET {base}/v1/models answered {r.status_code}: {r.text[:200]}")
-        card = r.json()["data"][0]
-        model = args.model or card["id"]
-        vocab = int(card.get("vocab_size") or 256)
+    if r.status_code != 200:
+        raise RuntimeError(f"GET {base}/v1/models answered {r.status_code}: {r.text[:200]}")
+    card = r.json()["data"][0]
+    model = args.model or card["id"]
+    vocab = int(card.get("vocab_size") or 256)
 
-        def length(n):
-            lo, hi = max(1, int(n * (1 - args.range_ratio))), max(1, int(n * (1 + args.range_ratio)))
-            return rng.randint(lo, hi)
-        bodies = []
-        for _ in range(args.num_prompts):
-            bodies.append({"model": model, "prompt": [rng.randrange(vocab) for _ in range(length(args.input_len))],
-                           "max_tokens": length(args.output_len), "temperature": 0.0, "ignore_eos": True,
-                           "stream": True, "stream_options": {"include_usage": True}})
-        gaps = [0.0 if math.isinf(args.request_rate) else rng.expovariate(args.request_rate)
-                for _ in bodies]
-        sem = asyncio.Semaphore(args.max_concurrency or len(bodies))
+    def length(n):
+        lo, hi = max(1, int(n * (1 - args.range_ratio))), max(1, int(n * (1 + args.range_ratio)))
+        return rng.randint(lo, hi)
+    bodies = []
+    for _ in range(args.num_prompts):
+        bodies.append({"model": model, "prompt": [rng.randrange(vocab) for _ in range(length(args.input_len))],
+                       "max_tokens": length(args.output_len), "temperature": 0.0, "ignore_eos": True,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    at, arrivals = 0.0, []
+    for _ in bodies:
+        at += 0.0 if math.isinf(args.request_rate) else rng.expovariate(args.request_rate)
+        arrivals.append(at)
+    return model, bodies, arrivals
 
+
+def _headers(args) -> dict:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
+async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None, headers: dict,
+                 timeout: float) -> tuple:
+    """Send `bodies` at their arrival offsets, at most `concurrency` in flight;
+    -> (outcomes, start, end) on the monotonic clock (one clock for every process)."""
+    import httpx
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    sem = asyncio.Semaphore(concurrency or max(1, len(bodies)))
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         async def limited(body):
             async with sem:
-                return await _one(client, f"{base}/v1/completions", body, headers)
-        t0 = time.perf_counter()
+                return await _one(client, url, body, headers)
+        t0 = time.monotonic()
         tasks = []
-        for body, gap in zip(bodies, gaps):
-            if gap:
-                await asyncio.sleep(gap)
+        for body, at in zip(bodies, arrivals):
+            wait = t0 + at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
             tasks.append(asyncio.create_task(limited(body)))
         outcomes = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - t0
+    return outcomes, t0, time.monotonic()
+
+
+def _part(queue, barrier, *drive_args) -> None:
+    """One client process: wait for the others, drive its share, send back what it saw."""
+    barrier.wait()
+    queue.put(asyncio.run(_drive(*drive_args)))
+
+
+def client_processes(args) -> int:
+    """--client-processes, or about one process per 16 streams (one Python process parses
+    ~10k SSE chunks/s), at most half the cores."""
+    if args.client_processes:
+        return args.client_processes
+    streams = args.max_concurrency or args.num_prompts
+    return max(1, min((os.cpu_count() or 2) // 2, math.ceil(streams / 16), args.num_prompts))
+
+
+def _run(args, bodies: list, arrivals: list) -> tuple:
+    """-> (outcomes, duration s), from one process or several (`client_processes`)."""
+    url = f"{args.base_url.rstrip('/')}/v1/completions"
+    P = client_processes(args)
+    if P == 1:
+        outcomes, t0, t1 = asyncio.run(_drive(url, bodies, arrivals, args.max_concurrency, _headers(args),
+                                              args.timeout))
+        return outcomes, t1 - t0
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(P + 1)
+    c = args.max_concurrency
+    procs = [ctx.Process(target=_part, daemon=True,
+                         args=(queue, barrier, url, bodies[i::P], arrivals[i::P],
+                               None if c is None else max(1, c // P + (i < c % P)), _headers(args), args.timeout))
+             for i in range(P)]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=120)
+    parts = [queue.get(timeout=args.timeout * len(bodies)) for _ in procs]
+    for p in procs:
+        p.join(5)
+    return [o for part in parts for o in part[0]], max(p[2] for p in parts) - min(p[1] for p in parts)
+
+
+def _bench(args) -> dict:
+    base = args.base_url.rstrip("/")
+    model, bodies, arrivals = asyncio.run(_prepare(args))
+    outcomes, duration = _run(args, bodies, arrivals)
     ok = [o for o in outcomes if o.ok]
     res = {"backend": "openai", "base_url": base, "model_id": model, "num_prompts": args.num_prompts,
            "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
            "max_concurrency": args.max_concurrency, "input_len": args.input_len, "output_len": args.output_len,
            "range_ratio": args.range_ratio, "seed": args.seed, "date": time.strftime("%Y%m%d-%H%M%S"),
+           "client_processes": client_processes(args),
            "duration": duration, "completed": len(ok), "failed": len(outcomes) - len(ok),
            "total_input_tokens": sum(o.prompt_len for o in ok),
            "total_output_tokens": sum(o.output_len for o in ok)}
@@ -196,7 +262,7 @@ def table(res: dict) -> str:
 def main(args) -> int:
     from ..platform import KernelgateError
     try:
-        res = asyncio.run(_bench(args))
+        res = _bench(args)
     except RuntimeError as e:
         raise KernelgateError(f"bench serve: {e}") from None
     if args.result_file:

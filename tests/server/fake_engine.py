@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from kernelgate.engine.engine import RequestOutput
 from kernelgate.platform import KernelgateError
 
 
 class FakeEngine:
-    def __init__(self, vocab: int = 512, slots: int = 4, poison: int | None = None, die: int | None = None):
-        self.vocab, self.slots, self.poison, self.die = vocab, slots, poison, die
+    def __init__(self, vocab: int = 512, slots: int = 4, poison: int | None = None, die: int | None = None,
+                 step_s: float = 0.0):
+        self.vocab, self.slots, self.poison, self.die, self.step_s = vocab, slots, poison, die, step_s
         self.gate = threading.Event()
         self.gate.set()
         self.waiting: list = []
@@ -54,6 +56,8 @@ class FakeEngine:
             rid, st = self.waiting.pop(0)
             self.running[rid] = st
         self.steps += 1
+        if self.step_s:
+            time.sleep(self.step_s)   # a device step with nothing to compute (bench/serve_http_path.py)
         if self.poison is not None and any(self.poison in st[0] for st in self.running.values()):
             raise RuntimeError("poisoned batch")
         if self.die is not None and any(self.die in st[0] for st in self.running.values()):

@@ -172,7 +172,8 @@ def test_client_disconnect_frees_slot_and_cache(server):
             first = next(ln for ln in lines if ln.startswith("data: "))
             assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
             m = metrics(server)
-            assert m["kernelgate:num_requests_running"] == 1 and m["kernelgate:cache_usage_perc"] > 0
+            # >= 1: another xdist worker's request may share this server
+            assert m["kernelgate:num_requests_running"] >= 1 and m["kernelgate:cache_usage_perc"] > 0
         # leaving the block closes the connection mid-stream
     deadline = time.monotonic() + 30
     while True:
