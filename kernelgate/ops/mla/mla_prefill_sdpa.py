@@ -16,8 +16,9 @@ positions) and linear in the chunk.
   earlier queries see none of it and are left out). Each piece returns (o, lse) and the
   pieces are merged by log-sum-exp in fp32. The public SDPA returns no lse, so `attend_lse`
   uses torch's fused kernels that do (private ops), fastest first (`LSE_ORDER`): on NVIDIA
-  cuDNN's attention (650 TFLOP/s on an H200 for a 8192 x 16384 piece), then FlashAttention-2
-  (v padded to q's width; 261), then the memory-efficient kernel (144); on ROCm flash, then
+  cuDNN's attention (650 TFLOP/s on an H200 for a 8192 x 16384 piece; for pieces whose
+  lengths are multiples of CUDNN_MULTIPLE, as it plans each shape once, slowly), then
+  FlashAttention-2 (v padded to q's width; 261), then the memory-efficient kernel (144); on ROCm flash, then
   memory-efficient; on the CPU torch's flash kernel (widths padded to one). Explicit fp32
   math in query tiles elsewhere or when every one of them refuses the call (a FallbackWarning
   names each refusal once). A causal piece with more queries than keys is cut into a square
@@ -112,6 +113,11 @@ def _pad(t, width):
     return F.pad(t, (0, width - t.shape[3])) if t.shape[3] < width else t
 
 
+# cuDNN builds an execution plan per shape on first use (~0.75 s each on an H200): only pieces
+# of budget-sized chunks (a few shapes per process) go to it; odd lengths (a prompt's last
+# chunk, a short remainder of the prefix) take the next kernel
+CUDNN_MULTIPLE = 8192
+
 # torch's fused kernels that return the lse (private ops), fastest first, per device type
 LSE_KERNELS = {"cudnn": _lse_cudnn, "flash": _lse_flash, "efficient": _lse_efficient, "cpu_flash": _lse_cpu_flash}
 # (by device type; ROCm's "cuda" tensors by the platform's name: no cuDNN there)
@@ -132,6 +138,8 @@ def attend_lse(q, k, v, scale, causal):
     for name in order:
         if name == "math":
             break
+        if name == "cudnn" and not FORCE_LSE and (q.shape[2] % CUDNN_MULTIPLE or nk % CUDNN_MULTIPLE):
+            continue
         try:
             return LSE_KERNELS[name](q, k, v, scale, causal)
         except Exception as e:  # noqa: BLE001 - an unsupported shape/dtype/backend: the next one
