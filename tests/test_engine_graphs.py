@@ -12,6 +12,7 @@ import torch
 
 import kernelgate
 from kernelgate.engine import Engine, SamplingParams, StepBatch, graphs
+from kernelgate.engine.warmup import warm_up
 from kernelgate.models import build, tiny
 from kernelgate.registry import FallbackWarning
 
@@ -146,3 +147,28 @@ def test_graph_decode_through_chunking_and_preemption(model, fake_graphs):
     eager, _, _ = run(False)
     got, preempted, g = run(True)
     assert got == eager and preempted > 0 and g is not None and g.graphs
+
+
+def test_prepare_captures_every_shape_up_front(model, fake_graphs):
+    """The server's warm-up: every (batch bucket, context bucket) up to max_num_seqs and
+    max_model_len is captured before the first request, so no step waits for a capture; the
+    decode afterwards captures nothing new and still equals eager decoding."""
+    prompts = _prompts()
+    eng = Engine(model, max_num_seqs=5, max_model_len=300)
+    captures = []
+    init = graphs._Captured.__init__
+
+    def counted(self, *a, **k):
+        init(self, *a, **k)
+        captures.append((self.nb, self.width * self.bs))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graphs._Captured, "__init__", counted)
+        warm_up(eng, log=lambda m: None, capture_all=True)
+        # batch buckets 1..8 (5 sequences pad to 8) x contexts 128, 256 and the cap (300 -> 5 blocks of 64)
+        want = {(nb, ctx) for nb in (1, 2, 4, 8) for ctx in (128, 256, 320)}
+        assert set(eng.runner.graphs.graphs) == want and len(captures) == len(want)
+        before = len(captures)
+        out = kernelgate.generate(model, prompts, max_new_tokens=7, stop_token_ids=[], engine=eng)
+        assert len(captures) == before
+    _, eager = _decode_logits(model, prompts, 6, graphs_on=False)
+    assert [o.token_ids for o in out] == eager

@@ -24,6 +24,10 @@ class LockstepGraphs(DecodeGraphs):
         self.groups = groups
         super().__init__(*args)
 
+    def prepare(self, max_batch: int) -> int:
+        """Nothing ahead of time: the ranks capture each shape together when a step first meets it."""
+        return len(self.graphs)
+
     def agree(self, why):
         whys = self.groups.gather(why)
         bad = [(r, w) for r, w in enumerate(whys) if w is not None]

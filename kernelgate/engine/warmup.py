@@ -10,8 +10,10 @@ from .. import kernel_cache
 from .sampling import SamplingParams
 
 
-def warm_up(engine, log=print, max_batch: int | None = None) -> float:
-    """Run short requests through `engine` (one alone, then a full batch); returns seconds."""
+def warm_up(engine, log=print, max_batch: int | None = None, capture_all: bool = False) -> float:
+    """Run short requests through `engine` (one alone, then a full batch); returns seconds.
+    capture_all: also capture every decode graph shape a step may meet (`DecodeGraphs.prepare`;
+    the server does, so no request waits for a capture)."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
@@ -28,6 +30,11 @@ def warm_up(engine, log=print, max_batch: int | None = None) -> float:
                                SamplingParams(max_new_tokens=3))
         while engine.has_unfinished():
             engine.step()
+    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
+    if capture_all and graphs is not None and graphs.enabled:
+        t1 = time.perf_counter()
+        n = graphs.prepare(batch)
+        log(f"{n} decode graphs captured in {time.perf_counter() - t1:.1f} s")
     secs = time.perf_counter() - t0
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text(f"{secs:.1f} s\n")
