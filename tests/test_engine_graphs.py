@@ -163,7 +163,7 @@ def test_prepare_captures_every_shape_up_front(model, fake_graphs):
         captures.append((self.nb, self.width * self.bs))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(graphs._Captured, "__init__", counted)
-        warm_up(eng, log=lambda m: None, capture_all=True)
+        warm_up(eng, log=lambda m: None, every_shape=True)
         # batch buckets 1..8 (5 sequences pad to 8) x contexts 128, 256 and the cap (300 -> 5 blocks of 64)
         want = {(nb, ctx) for nb in (1, 2, 4, 8) for ctx in (128, 256, 320)}
         assert set(eng.runner.graphs.graphs) == want and len(captures) == len(want)

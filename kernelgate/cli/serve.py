@@ -51,7 +51,7 @@ def build_engine(args):
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     model, source = load(args)
     engine = Engine(model, **flags.engine_kwargs(args))
-    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True), capture_all=True)
+    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True), every_shape=True)
     return engine, {"source": source, "vocab_size": model.config.vocab_size,
                     "eos_token_ids": list(model.config.eos_token_ids)}
 

@@ -10,10 +10,12 @@ from .. import kernel_cache
 from .sampling import SamplingParams
 
 
-def warm_up(engine, log=print, max_batch: int | None = None, capture_all: bool = False) -> float:
+def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool = False) -> float:
     """Run short requests through `engine` (one alone, then a full batch); returns seconds.
-    capture_all: also capture every decode graph shape a step may meet (`DecodeGraphs.prepare`;
-    the server does, so no request waits for a capture)."""
+    every_shape: also meet the shapes a server's steps will (the server does, so no request
+    waits for them): capture every decode graph (`DecodeGraphs.prepare`) and prefill one prompt
+    of each power-of-two length up to the token budget, which compiles and autotunes the
+    kernels keyed on the token count (fused_experts' bucket of token-expert pairs)."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
@@ -30,13 +32,29 @@ def warm_up(engine, log=print, max_batch: int | None = None, capture_all: bool =
                                SamplingParams(max_new_tokens=3))
         while engine.has_unfinished():
             engine.step()
-    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
-    if capture_all and graphs is not None and graphs.enabled:
-        t1 = time.perf_counter()
-        n = graphs.prepare(batch)
-        log(f"{n} decode graphs captured in {time.perf_counter() - t1:.1f} s")
+    if every_shape:
+        _every_shape(engine, batch, log)
     secs = time.perf_counter() - t0
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text(f"{secs:.1f} s\n")
     log(f"kernels ready in {secs:.1f} s")
     return secs
+
+
+def _every_shape(engine, batch: int, log) -> None:
+    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
+    if graphs is not None and graphs.enabled:
+        t0 = time.perf_counter()
+        n = graphs.prepare(batch)
+        log(f"{n} decode graphs captured in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    vocab = engine.model.config.vocab_size
+    longest = min(engine.scheduler.max_num_batched_tokens, engine.capacity.max_model_len - 1)
+    n = 128
+    while n <= longest:
+        engine.add_request(f"warmup-prefill-{n}", [(5 * j + 1) % vocab for j in range(n)],
+                           SamplingParams(max_new_tokens=1))
+        while engine.has_unfinished():
+            engine.step()
+        n *= 2
+    log(f"prefill sizes up to {n // 2} tokens met in {time.perf_counter() - t0:.1f} s")
