@@ -172,3 +172,31 @@ def test_prepare_captures_every_shape_up_front(model, fake_graphs):
         assert len(captures) == before
     _, eager = _decode_logits(model, prompts, 6, graphs_on=False)
     assert [o.token_ids for o in out] == eager
+
+
+def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model):
+    """warm_up(every_shape=True) with a 64-token budget: one prefill step of each power of two
+    up to it, several prompts per step where max_model_len is shorter, and one 256-token prompt
+    (chunked: its chunks meet a cached prefix); afterwards every slot and block is free and the
+    engine decodes exactly as a fresh one."""
+    eng = Engine(model, max_num_seqs=4, max_model_len=256 + 1, max_num_batched_tokens=64, graphs=False)
+    steps, said = [], []
+    real = eng.step
+
+    def step():
+        outs = real()
+        if eng.last_step is not None:
+            steps.append((eng.last_step.kind, eng.last_step.tokens))
+        return outs
+    eng.step = step
+    warm_up(eng, log=said.append, every_shape=True)
+    assert any("a 256-token prompt" in m for m in said), said
+    prefill = [t for kind, t in steps if kind == "prefill"]
+    # the 64-token step, then the long prompt in chunks of the budget
+    assert prefill.count(64) >= 1 + 256 // 64
+    assert eng.blocks.free_blocks == eng.capacity.num_blocks and eng.blocks.free_slots == eng.capacity.num_slots
+    prompts = _prompts()
+    out = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=eng)
+    fresh = Engine(model, max_num_seqs=4, max_model_len=257, max_num_batched_tokens=64, graphs=False)
+    want = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=fresh)
+    assert [o.token_ids for o in out] == [o.token_ids for o in want]

@@ -1,6 +1,6 @@
 """`kernelgate warmup`: prepare a machine ahead of time. Loads the model (default: the built-in
 one) with the engine flags `run` / `serve` will use, runs the warm-up (every op compiled and
-autotuned, decode graphs captured) and exits; the kernels stay in the cache folder
+autotuned for every step size up to the token budget, decode graphs captured) and exits; the kernels stay in the cache folder
 (KERNELGATE_CACHE_DIR, default ~/.cache/kernelgate), so the next `run` / `serve` only loads them."""
 from __future__ import annotations
 
@@ -27,6 +27,6 @@ def main(args) -> int:
     model, source = load(args)
     print(f"model {source} loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     engine = Engine(model, **flags.engine_kwargs(args))
-    warm_up(engine, log=lambda m: print(m, flush=True))
+    warm_up(engine, log=lambda m: print(m, flush=True), every_shape=True)
     print(f"kernel cache: {kernel_cache.root()}")
     return 0

@@ -14,8 +14,9 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     """Run short requests through `engine` (one alone, then a full batch); returns seconds.
     every_shape: also meet the shapes a server's steps will (the server does, so no request
     waits for them): capture every decode graph (`DecodeGraphs.prepare`) and prefill one prompt
-    of each power-of-two length up to the token budget, which compiles and autotunes the
-    kernels keyed on the token count (fused_experts' bucket of token-expert pairs)."""
+    step of each power-of-two token count up to the token budget, which compiles and autotunes
+    the kernels keyed on it (fused_experts' bucket of token-expert pairs: 1.5 s of autotuning
+    met by a c64 wave's first 8192-token step on an H200)."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
@@ -47,14 +48,30 @@ def _every_shape(engine, batch: int, log) -> None:
         t0 = time.perf_counter()
         n = graphs.prepare(batch)
         log(f"{n} decode graphs captured in {time.perf_counter() - t0:.1f} s")
+    # every power-of-two step size up to the token budget, as one step of several prompts where
+    # max_model_len is shorter (a wave of new requests fills the budget: c64 x 128 = 8192 tokens)
     t0 = time.perf_counter()
     vocab = engine.model.config.vocab_size
-    longest = min(engine.scheduler.max_num_batched_tokens, engine.capacity.max_model_len - 1)
-    n = 128
-    while n <= longest:
-        engine.add_request(f"warmup-prefill-{n}", [(5 * j + 1) % vocab for j in range(n)],
-                           SamplingParams(max_new_tokens=1))
+    budget = engine.scheduler.max_num_batched_tokens
+    cap = engine.capacity
+    longest = min(cap.max_model_len, cap.num_blocks * cap.block_size if cap.block_bytes else cap.max_model_len) - 1
+    n = min(128, budget)
+    while n <= budget and longest > 0:
+        k = -(-n // longest)
+        if k > engine.max_num_seqs:
+            break
+        for i in range(k):
+            engine.add_request(f"warmup-prefill-{n}-{i}", [(5 * j + i + 1) % vocab for j in range(n // k)],
+                               SamplingParams(max_new_tokens=1))
         while engine.has_unfinished():
             engine.step()
         n *= 2
-    log(f"prefill sizes up to {n // 2} tokens met in {time.perf_counter() - t0:.1f} s")
+    # one prompt several chunks long, so a chunk meets a cached prefix longer than itself: attention
+    # kernels that plan per shape (cuDNN's, ~0.75 s a shape on an H200) plan now, not in a request
+    n = min(longest, 4 * budget)
+    if n > budget:
+        engine.add_request("warmup-long", [(3 * j + 2) % vocab for j in range(n)], SamplingParams(max_new_tokens=1))
+        while engine.has_unfinished():
+            engine.step()
+    log(f"prefill steps up to {min(budget, n)} tokens and a {n}-token prompt met in "
+        f"{time.perf_counter() - t0:.1f} s")
