@@ -55,7 +55,7 @@ def _every_shape(engine, batch: int, log) -> None:
     budget = engine.scheduler.max_num_batched_tokens
     cap = engine.capacity
     longest = min(cap.max_model_len, cap.num_blocks * cap.block_size if cap.block_bytes else cap.max_model_len) - 1
-    n = min(128, budget)
+    n, biggest = min(128, budget), 0
     while n <= budget and longest > 0:
         k = -(-n // longest)
         if k > engine.max_num_seqs:
@@ -65,13 +65,13 @@ def _every_shape(engine, batch: int, log) -> None:
                                SamplingParams(max_new_tokens=1))
         while engine.has_unfinished():
             engine.step()
-        n *= 2
+        biggest, n = n, n * 2
     # one prompt several chunks long, so a chunk meets a cached prefix longer than itself: attention
     # kernels that plan per shape (cuDNN's, ~0.75 s a shape on an H200) plan now, not in a request
-    n = min(longest, 4 * budget)
-    if n > budget:
-        engine.add_request("warmup-long", [(3 * j + 2) % vocab for j in range(n)], SamplingParams(max_new_tokens=1))
+    long = min(longest, 4 * budget)
+    if long > budget:
+        engine.add_request("warmup-long", [(3 * j + 2) % vocab for j in range(long)], SamplingParams(max_new_tokens=1))
         while engine.has_unfinished():
             engine.step()
-    log(f"prefill steps up to {min(budget, n)} tokens and a {n}-token prompt met in "
-        f"{time.perf_counter() - t0:.1f} s")
+    log(f"prefill steps of up to {biggest} tokens" + (f" and a {long}-token prompt" if long > budget else "")
+        + f" met in {time.perf_counter() - t0:.1f} s")
