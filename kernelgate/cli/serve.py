@@ -40,6 +40,25 @@ def add_parser(sub, common) -> None:
     p.set_defaults(fn=main)
 
 
+def _server(config, aengine, timeout: float):
+    """uvicorn's server whose first SIGINT / SIGTERM also starts the engine's drain: running
+    requests get --shutdown-timeout seconds to finish, the rest are aborted (their streams end
+    with finish_reason "abort" and [DONE]); uvicorn meanwhile stops accepting connections and
+    waits for the open ones to end. (uvicorn alone would cancel the open streams mid-message at
+    its timeout, and the engine would hear of the shutdown only after that.)"""
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:
+                loop = asyncio.get_running_loop()
+                loop.call_soon_threadsafe(lambda: loop.create_task(aengine.shutdown(timeout)))
+            super().handle_exit(sig, frame)
+    return Server(config)
+
+
 def build_engine(args):
     """The engine `serve` runs, built and warmed up (in the engine process unless
     --no-engine-process); -> (engine, what the server needs to know of the model)."""
@@ -84,9 +103,10 @@ def main(args) -> int:
     info = ModelInfo(name, tokenizer, args.max_model_len, got["vocab_size"], got["eos_token_ids"])
     api_key = args.api_key or os.environ.get("KERNELGATE_API_KEY") or None
     app = create_app(aengine, info, metrics, api_key=api_key, shutdown_timeout=1.0)
+    # uvicorn's own drain outlasts the engine's, so aborted streams still send their last chunk
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=args.shutdown_timeout + 5.0, lifespan="on")
+    server = _server(config, aengine, args.shutdown_timeout)
     # uvicorn re-raises the signal that stopped it once it is done; a handled signal is a clean exit
     got_signal = []
     for sig in (signal.SIGINT, signal.SIGTERM):

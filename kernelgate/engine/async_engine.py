@@ -109,6 +109,7 @@ class AsyncEngine:
         self._running = 0                      # requests running after the latest step
         self._stopping = False                 # no new requests
         self.dead: str | None = None           # why the engine loop stopped, if it did
+        self._shutdown: asyncio.Future | None = None
 
     # ---- client side (any thread / event loop) ----
     def start(self) -> AsyncEngine:
@@ -151,7 +152,13 @@ class AsyncEngine:
             self.observer.on_finish(time.perf_counter() - t.arrival, "abort")
 
     async def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop taking requests, let running ones finish for up to `timeout` s, abort the rest."""
+        """Stop taking requests, let running ones finish for up to `timeout` s, abort the rest.
+        A second call (the server's signal handler, then its lifespan end) waits for the first."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._shutdown_now(timeout))
+        await asyncio.shield(self._shutdown)
+
+    async def _shutdown_now(self, timeout: float) -> None:
         with self._lock:
             self._stopping = True
         deadline = time.monotonic() + timeout

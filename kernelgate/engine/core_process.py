@@ -74,7 +74,8 @@ class EngineProcess:
     def send(self, cmd: tuple) -> None:
         try:
             with self._send_lock:
-                self.conn.send(cmd)
+                if self.conn is not None:
+                    self.conn.send(cmd)
         except (OSError, ValueError):   # the child is gone: the reader reports it
             pass
 
@@ -87,8 +88,10 @@ class EngineProcess:
 
     def stop(self) -> None:
         """Close the pipe (the child exits at its next look) and end a child that lingers."""
-        if self.conn is not None:
-            self.conn.close()
+        with self._send_lock:
+            conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
         if self.proc is not None and self.proc.is_alive():
             self.proc.join(2)
             if self.proc.is_alive():
@@ -96,9 +99,10 @@ class EngineProcess:
                 self.proc.join(5)
 
     def _read(self, on_events) -> None:
+        conn = self.conn
         while True:
             try:
-                events = self.conn.recv()
+                events = conn.recv()
             except (EOFError, OSError):
                 if self.proc is not None:
                     self.proc.join(5)

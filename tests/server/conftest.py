@@ -10,10 +10,12 @@ from kernelgate.cli.model import builtin_model
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """Base URL of the running server; its owner stops it with SIGTERM at the end and checks
-    rc 0 within seconds and no traceback in its log."""
-    with shared_server(run_folder(tmp_path_factory), ["--max-num-seqs", str(MAX_SEQS), "--max-model-len",
-                                                      str(MAX_LEN), "--log-level", "warning"], ROOT) as url:
+    """Base URL of the running server; its owner stops it at the end as Ctrl-C does, with a
+    stream still running, and checks the stream's end, rc 0 within seconds, no traceback in its
+    log and no process left."""
+    args = ["--max-num-seqs", str(MAX_SEQS), "--max-model-len", str(MAX_LEN), "--log-level", "warning",
+            "--shutdown-timeout", "1"]
+    with shared_server(run_folder(tmp_path_factory), args, ROOT, ctrl_c=True) as url:
         yield url
 
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,8 +57,9 @@ def _start(args: list, cwd: Path, log: Path, timeout: float = 240):
     # one intra-op thread: the server shares the CI machine's 2 cores with the test workers
     env = {**os.environ, "KERNELGATE_PLATFORM": "", "KERNELGATE_FORCE": "", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as f:
+        # its own process group, like a server started from a terminal (the engine process joins it)
         proc = subprocess.Popen([sys.executable, "-m", "kernelgate", "serve", "--port", str(port), *args],
-                                cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
+                                cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
@@ -75,8 +77,11 @@ def _start(args: list, cwd: Path, log: Path, timeout: float = 240):
 
 
 @contextlib.contextmanager
-def shared_server(folder: Path, args: list, cwd: Path):
-    """Yields the base URL; on exit the owner asserts a clean SIGTERM shutdown (rc 0, no traceback)."""
+def shared_server(folder: Path, args: list, cwd: Path, ctrl_c: bool = False):
+    """Yields the base URL; on exit the owner asserts a clean SIGTERM shutdown (rc 0, no traceback).
+    ctrl_c: stop it as Ctrl-C in a terminal does (SIGINT to its process group, the engine process
+    included) while a long stream runs, which must end with finish_reason "abort" and [DONE]
+    after the server's --shutdown-timeout; no process of the group may outlive it."""
     lock, state, log = folder / "server.lock", folder / "server.json", folder / "server.log"
     me = os.environ.get("PYTEST_XDIST_WORKER", "master")
     proc = None
@@ -101,10 +106,25 @@ def shared_server(folder: Path, args: list, cwd: Path):
             st["users"] -= 1
             state.write_text(json.dumps(st))
         if proc is not None:
-            _stop(proc, lock, state, log)
+            _stop(proc, lock, state, log, base if ctrl_c else None)
 
 
-def _stop(proc, lock: Path, state: Path, log: Path) -> None:
+def _stream_until_done(base: str, events: list, started: threading.Event) -> None:
+    body = {"prompt": [1, 2, 3], "max_tokens": MAX_LEN - 3, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line:
+                events.append(line)
+                started.set()
+
+
+def _group_left(pgid: int) -> list:
+    """Live (not zombie) processes still in the process group."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if ln.split() and not ln.split()[1].startswith("Z")]
+
+
+def _stop(proc, lock: Path, state: Path, log: Path, ctrl_c_base: str | None) -> None:
     deadline = time.monotonic() + 600
     while True:
         with _locked(lock):
@@ -115,15 +135,31 @@ def _stop(proc, lock: Path, state: Path, log: Path) -> None:
                 break
         assert time.monotonic() < deadline, "other workers still use the server after 600 s"
         time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    events, started = [], threading.Event()
+    if ctrl_c_base:
+        reader = threading.Thread(target=_stream_until_done, args=(ctrl_c_base, events, started), daemon=True)
+        reader.start()
+        assert started.wait(120), "the last stream never started"
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"server did not stop within 30 s of SIGTERM:\n{log.read_text()[-3000:]}") from None
+        raise AssertionError(f"server did not stop within 30 s of its stop signal:\n{log.read_text()[-3000:]}") from None
     finally:
         with _locked(lock):
             state.unlink()
     text = log.read_text()
     assert rc == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+    if ctrl_c_base:
+        reader.join(30)
+        assert events[-1] == "data: [DONE]", events[-3:]
+        assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort", events[-3:]
+        for _ in range(50):
+            if not _group_left(proc.pid):
+                break
+            time.sleep(0.1)
+        assert not _group_left(proc.pid), _group_left(proc.pid)
