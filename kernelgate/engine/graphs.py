@@ -141,8 +141,8 @@ class DecodeGraphs:
 
     def prepare(self, max_batch: int) -> int:
         """Capture every (batch bucket, context bucket) up to max_batch sequences and the longest
-        context now, not at first use (where a capture stalls the step that meets it: ~0.5 s of
-        time to first token for a wave of 64 new requests on an H200); -> graphs captured."""
+        context now, not at first use (where a capture -- eager warm-up, sync check, capture --
+        stalls the step that meets it, and every request in it); -> graphs captured."""
         nb = 1
         while self.api is not None:
             ctx = MIN_CONTEXT

@@ -15,8 +15,9 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     every_shape: also meet the shapes a server's steps will (the server does, so no request
     waits for them): capture every decode graph (`DecodeGraphs.prepare`) and prefill one prompt
     step of each power-of-two token count up to the token budget, which compiles and autotunes
-    the kernels keyed on it (fused_experts' bucket of token-expert pairs: 1.5 s of autotuning
-    met by a c64 wave's first 8192-token step on an H200)."""
+    the kernels keyed on it (fused_experts autotunes per bucket of token-expert pairs; on an
+    H200 a c64 wave whose first 8192-token step met an untuned bucket waited 1.8 s), and one
+    prompt several chunks long."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
