@@ -22,6 +22,10 @@ fi
 if ls .triton-cache/xz.* >/dev/null 2>&1; then   # (the same, repacked with xz where gzip's parts exceed the carry limit)
   cat .triton-cache/xz.* | xz -dc | tar xf - -C "$TRITON_CACHE_DIR" && echo "triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked"
 fi
+for first in .triton-cache/new-*.0; do             # what earlier calls added (below), each call's own parts
+  [ -e "$first" ] && cat "${first%.0}".* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "triton cache: + ${first%.0}"
+done
+STAMP=$(mktemp) && sleep 1                         # entries newer than this are this call's
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$RES/gpu.txt"
@@ -49,6 +53,10 @@ for step in "$@"; do
 done
 tar czf "$DEST/results.tgz" -C "$RES" .
 mkdir -p "$DEST/triton-cache"
-tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15M -d -a 1 - "$DEST/triton-cache/part."   # <= 16 MiB per file back
-echo "triton cache: $(du -sh "$DEST/triton-cache" | cut -f1) packed (copy $DEST/triton-cache to .triton-cache to carry it)"
+# only what this call compiled or autotuned (the whole cache exceeds the carry limit): <= 16 MiB per file back
+new=new-$(date +%Y%m%d%H%M%S)
+(cd "$TRITON_CACHE_DIR" && find . -type f -newer "$STAMP" -print0 | tar czf - --null -T -) \
+  | split -b 15M -d -a 1 - "$DEST/triton-cache/$new."
+echo "triton cache: $(find "$TRITON_CACHE_DIR" -type f -newer "$STAMP" | wc -l) new files, $(du -sh "$DEST/triton-cache" | cut -f1) packed" \
+     "(copy $DEST/triton-cache/$new.* to .triton-cache to carry them)"
 cat "$RES"/*.md > "$DEST/summary.md" 2>/dev/null || true
