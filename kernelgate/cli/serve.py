@@ -70,7 +70,9 @@ def build_engine(args):
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     model, source = load(args)
     engine = Engine(model, **flags.engine_kwargs(args))
-    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True), every_shape=True)
+    # every shape a step may meet, where kernels are compiled and autotuned per shape (not on a CPU)
+    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True),
+            every_shape=model.device.type != "cpu")
     return engine, {"source": source, "vocab_size": model.config.vocab_size,
                     "eos_token_ids": list(model.config.eos_token_ids)}
 

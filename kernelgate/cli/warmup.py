@@ -27,6 +27,6 @@ def main(args) -> int:
     model, source = load(args)
     print(f"model {source} loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     engine = Engine(model, **flags.engine_kwargs(args))
-    warm_up(engine, log=lambda m: print(m, flush=True), every_shape=True)
+    warm_up(engine, log=lambda m: print(m, flush=True), every_shape=model.device.type != "cpu")
     print(f"kernel cache: {kernel_cache.root()}")
     return 0

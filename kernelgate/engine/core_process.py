@@ -13,8 +13,8 @@ packed as tuples, gauges).
 
 The child is started with "spawn" (no inherited CUDA or thread state). It ignores SIGINT (a
 terminal's Ctrl-C reaches the whole process group; the server drains and tells the engine
-when to exit) and exits on its own when the pipe closes, i.e. when the server process is
-gone. A child that dies makes the front end fail every request and report the engine dead,
+when to exit, or ends it while it still loads) and exits on its own when the pipe closes,
+i.e. when the server process is gone. A child that dies makes the front end fail every request and report the engine dead,
 with its exit code.
 """
 from __future__ import annotations
@@ -42,10 +42,18 @@ class EngineProcess:
         parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(child, self.build, self.args),
                                 name="kernelgate-engine", daemon=False)   # its own children: TP ranks
-        self.proc.start()
+        # the child ignores SIGINT from its first instruction (a disposition it inherits), not only
+        # once its imports are done: Ctrl-C reaches the whole process group
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self.proc.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, before)
         child.close()
         self.conn = parent
-        atexit.register(self.stop)   # before multiprocessing's own exit hook joins the child
+        atexit.register(self._at_exit)   # before multiprocessing's own exit hook joins the child
         return self
 
     def ready(self):
@@ -92,11 +100,21 @@ class EngineProcess:
             conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()
-        if self.proc is not None and self.proc.is_alive():
-            self.proc.join(2)
-            if self.proc.is_alive():
-                self.proc.terminate()
-                self.proc.join(5)
+        p = self.proc
+        if p is not None and p.is_alive():
+            try:
+                p.join(2)
+            finally:                     # a second Ctrl-C while waiting still ends the child
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+
+    def _at_exit(self) -> None:
+        try:
+            self.stop()
+        except KeyboardInterrupt:
+            if self.proc is not None and self.proc.is_alive():
+                self.proc.kill()
 
     def _read(self, on_events) -> None:
         conn = self.conn
@@ -126,15 +144,22 @@ def _unpack(ev: tuple) -> tuple:
 
 
 def _child_main(conn, build, args) -> None:
+    # Ctrl-C reaches the whole process group: the server decides (a drain, or ending this process)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # (already ignored when started by `spawn`)
     from .core_loop import run_loop
     try:
         engine, info = build(*args)
     except BaseException as e:  # noqa: BLE001 - the server prints why, in one line
         msg = str(e) if isinstance(e, KernelgateError) else f"engine failed to start: {type(e).__name__}: {e}"
-        conn.send(("failed", msg.splitlines()[0] if msg else type(e).__name__))
+        try:
+            conn.send(("failed", msg.splitlines()[0] if msg else type(e).__name__))
+        except OSError:   # the server is gone already
+            pass
         raise SystemExit(1) from None
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn.send(("ready", info))
+    try:
+        conn.send(("ready", info))
+    except OSError:       # the server stopped while this engine was being built
+        raise SystemExit(1) from None
 
     def take(block: bool) -> list:
         cmds = []
