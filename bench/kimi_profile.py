@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--hf", action="store_true", help="also profile HF transformers")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
+    ap.add_argument("--top", type=int, default=18, help="kernels listed per profile")
     a = ap.parse_args()
     from kernelgate.engine import SamplingParams, StepBatch
     dev, dtype = torch.device("cpu" if a.tiny else "cuda"), torch.bfloat16
@@ -95,7 +96,7 @@ def main():
         print(f"\n## decode b{b}: {(time.perf_counter() - t0) / 10 * 1e3:.2f} ms/step (scheduler, unprofiled)")
         sites = sync_sites(sched.step)
         print("syncs in one step: " + "; ".join(f"{k} x{v}" for k, v in sites.items()))
-        kernels(sched.step, f"decode b{b} step")
+        kernels(sched.step, f"decode b{b} step", a.top)
     nb = -(-a.prefill // 64)
     cache = ours.new_cache(1, nb, 64)
     ids = torch.randint(0, 1000, (a.prefill,), device=dev)
@@ -105,7 +106,7 @@ def main():
         ours.step(ids, StepBatch.build([a.prefill], [0], [0], dev, [list(range(nb))], 64), cache)
     prefill()
     print("\nsyncs in one prefill: " + "; ".join(f"{k} x{v}" for k, v in sync_sites(prefill).items()))
-    kernels(prefill, f"prefill {a.prefill}")
+    kernels(prefill, f"prefill {a.prefill}", a.top)
     if a.hf:
         hids = ids[None]
         with torch.no_grad():

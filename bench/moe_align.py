@@ -68,7 +68,7 @@ def main() -> int:
         gen = torch.Generator(device="cpu").manual_seed(P)
         # top-k of random scores: distinct experts per token, like the router's output
         ids = torch.rand(T, E, generator=gen).topk(args.k, dim=1).indices.int().flatten()[:P].to(device)
-        bm = block_m_for(P, E)
+        bm = block_m_for(triton.next_power_of_2(P), E)   # as fused_experts chooses it
         chunks = [default_chunk(P)]
         if not args.no_sweep:
             chunks += [c for c in (16, 32, 64, 128, 256, 512, 1024) if c != chunks[0] and c <= 4 * P]

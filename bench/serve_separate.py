@@ -3,6 +3,7 @@ c1 figures as a user would measure them), vs offline `kernelgate.generate()` on 
 checkpoint in this process afterwards.
 
     PYTHONPATH=. python bench/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
+    ... --platform xpu                  # dispatch as on an Intel GPU (simulated: Triton everywhere)
     ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
 
 Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
@@ -45,13 +46,16 @@ def main():
     ap.add_argument("--engine", nargs="*", choices=["process", "thread"], default=["process"],
                     help="one server run per value: the engine in its own process, or on a server thread")
     ap.add_argument("--no-offline", action="store_true")
+    ap.add_argument("--platform", help="simulate a platform's dispatch (server and offline), e.g. xpu: Triton everywhere")
     a = ap.parse_args()
+    if a.platform:
+        os.environ["KERNELGATE_PLATFORM"] = a.platform   # the server inherits it; offline reads it at first dispatch
     rows = [(mode, serve(a, mode)) for mode in a.engine]
     if not a.no_offline:
         off, step1 = offline(a)
     for si, res in rows:
         c = a.concurrency
-        print(f"\nkernelgate serve, engine in {'its own process' if si == 'process' else 'a server thread'}")
+        print(f"\nkernelgate serve{' --platform ' + a.platform if a.platform else ''}, engine in {'its own process' if si == 'process' else 'a server thread'}")
         print("| metric | value | target |\n|---|---:|---|")
         if not a.no_offline:
             print(f"| offline generate() b{c} output tok/s | {off:,.0f} | |\n"
@@ -74,8 +78,10 @@ def serve(a, mode="process") -> dict:
     argv = ["kernelgate", "serve", "--model", a.model, "--port", str(port), "--max-num-seqs", str(a.concurrency)]
     if mode == "thread":
         argv.append("--no-engine-process")
-    srv = subprocess.Popen([sys.executable, "-m", *argv],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the server's log to a file: a pipe nobody reads would block the server once it fills
+    log_path = f"/tmp/kernelgate-serve-{mode}-{port}.log"
+    logf = open(log_path, "w")
+    srv = subprocess.Popen([sys.executable, "-m", *argv], stdout=logf, stderr=subprocess.STDOUT, text=True)
     res = {}
     try:
         while True:
@@ -84,7 +90,7 @@ def serve(a, mode="process") -> dict:
                 break
             except OSError:
                 if srv.poll() is not None:
-                    raise SystemExit("server exited:\n" + srv.stdout.read()[-3000:])
+                    raise SystemExit("server exited:\n" + open(log_path).read()[-3000:])
                 if time.perf_counter() - t0 > 300:
                     raise SystemExit("server not healthy within 300 s")
                 time.sleep(0.5)
@@ -101,6 +107,10 @@ def serve(a, mode="process") -> dict:
             srv.wait(30)
         except subprocess.TimeoutExpired:
             srv.kill()
+        logf.close()
+        # what the server said of its start-up and of slow steps (kernels met during the run)
+        said = [ln.rstrip() for ln in open(log_path) if "kernelgate serve:" in ln or " took " in ln]
+        print(f"server log ({log_path}):\n  " + "\n  ".join(said[-20:]), flush=True)
     return res
 
 

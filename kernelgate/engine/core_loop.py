@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ..platform import KernelgateError
 
 log = logging.getLogger("kernelgate.engine")
+
+SLOW_STEP_S = 1.0   # a step this long is logged: every waiting stream stalled behind it
 
 
 def run_loop(engine, take, emit) -> None:
@@ -47,7 +50,9 @@ def run_loop(engine, take, emit) -> None:
             outs = []
             if engine.has_unfinished():
                 try:
+                    t0 = time.perf_counter()
                     outs = engine.step()
+                    _log_slow(engine, time.perf_counter() - t0)
                 except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
                     msg = f"engine step failed: {type(e).__name__}: {e}"
                     log.exception("kernelgate: %s", msg)
@@ -65,6 +70,15 @@ def run_loop(engine, take, emit) -> None:
         msg = f"engine loop died: {type(e).__name__}: {e}"
         log.exception("kernelgate: %s", msg)
         emit([("dead", msg)])
+
+
+def _log_slow(engine, secs: float) -> None:
+    if secs < SLOW_STEP_S:
+        return
+    st = getattr(engine, "last_step", None)
+    what = f"a {st.kind} step of {st.tokens} tokens ({st.seqs} sequences)" if st is not None else "a step"
+    log.warning("kernelgate: %s took %.2f s (kernels compiled or autotuned for a new shape? "
+                "`kernelgate warmup` / serve's warm-up meet them ahead of requests)", what, secs)
 
 
 class ThreadCore:

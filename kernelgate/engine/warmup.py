@@ -16,8 +16,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     waits for them): capture every decode graph (`DecodeGraphs.prepare`) and prefill one prompt
     step of each power-of-two token count up to the token budget, which compiles and autotunes
     the kernels keyed on it (fused_experts autotunes per bucket of token-expert pairs; on an
-    H200 a c64 wave whose first 8192-token step met an untuned bucket waited 1.8 s), and one
-    prompt several chunks long."""
+    H200 a c64 wave whose first 8192-token step met an untuned bucket waited 1.8 s), one step of
+    an odd token count, and one prompt several chunks long."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
@@ -56,17 +56,23 @@ def _every_shape(engine, batch: int, log) -> None:
     budget = engine.scheduler.max_num_batched_tokens
     cap = engine.capacity
     longest = min(cap.max_model_len, cap.num_blocks * cap.block_size if cap.block_bytes else cap.max_model_len) - 1
-    n, biggest = min(128, budget), 0
-    while n <= budget and longest > 0:
+    # (from 16 tokens: above the decode GEMV's 8; below, mixed steps of a few prompt tokens)
+    sizes, n = [], min(16, budget)
+    while n <= budget and -(-n // max(longest, 1)) <= engine.max_num_seqs:
+        sizes.append(n)
+        n *= 2
+    # and one odd count: Triton compiles integer arguments divisible by 16 apart from the others
+    odd = [sizes[-1] // 2 + 1] if len(sizes) > 1 else []
+    biggest = 0
+    for n in (sizes + odd if longest > 0 else []):
         k = -(-n // longest)
-        if k > engine.max_num_seqs:
-            break
         for i in range(k):
-            engine.add_request(f"warmup-prefill-{n}-{i}", [(5 * j + i + 1) % vocab for j in range(n // k)],
+            m = n // k + (1 if i < n % k else 0)
+            engine.add_request(f"warmup-prefill-{n}-{i}", [(5 * j + i + 1) % vocab for j in range(m)],
                                SamplingParams(max_new_tokens=1))
         while engine.has_unfinished():
             engine.step()
-        biggest, n = n, n * 2
+        biggest = max(biggest, n)
     # one prompt several chunks long, so a chunk meets a cached prefix longer than itself: attention
     # kernels that plan per shape (cuDNN's, ~0.75 s a shape on an H200) plan now, not in a request
     long = min(longest, 4 * budget)

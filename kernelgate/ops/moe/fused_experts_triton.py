@@ -48,7 +48,8 @@ _TUNE_MIN_WEIGHTS = 1 << 20   # D * I at which autotuning pays off (Kimi: 2304 *
 @functools.cache
 def _tuned(kernel):
     """The autotuned kernel, built on first use (on a GPU only), keyed on problem shape and the
-    bucket of pairs, so decode and prefill each get their own config."""
+    bucket of pairs, so decode and prefill each get their own config. BLOCK_M follows from the
+    bucket (block_m_for), so steps of power-of-two token counts meet every key (engine/warmup.py)."""
     return triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "P_BUCKET"])(kernel)
 
 
@@ -61,7 +62,8 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
-@triton.jit
+# P (pairs) is not specialised on: odd and even token counts share one compiled program
+@triton.jit(do_not_specialize=["P"])
 def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
                     sxt, sxd, swe, swn, swk, limit, TOPK,
                     HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr,
@@ -98,7 +100,7 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, 
              mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
                  swe, swn, swk,
                  IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -142,7 +144,8 @@ def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK, BLOCK_D: tl.constexp
 
 
 def block_m_for(P: int, E: int) -> int:
-    """Rows per GEMM block: small for decode (pairs per expert ~1), so little compute is padding;
+    """Rows per GEMM block for P token-expert pairs (fused_experts passes P's power-of-two bucket):
+    small for decode (pairs per expert ~1), so little compute is padding;
     large enough in prefill that an expert's weights are not re-read by many row-blocks."""
     avg = P / max(E, 1)
     return 16 if avg <= 8 else 32 if avg <= 20 else 64
@@ -159,13 +162,13 @@ def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
     P = T * k
     ids = topk_ids.contiguous()
     wts = topk_weights.contiguous()
-    bm = block_m_for(P, E)
+    bucket = triton.next_power_of_2(P)
+    bm = block_m_for(bucket, E)     # from the bucket: one BLOCK_M per autotune key
     sorted_pairs, block_expert = moe_align(ids, E, bm)
     nb = block_expert.numel()
     h = alloc.empty((P, I), x.dtype, x.device)
     y = alloc.empty((P, D), torch.float32, x.device)
     ieee = x.dtype == torch.float32 or interpreting()
-    bucket = triton.next_power_of_2(P)
     tune = not interpreting() and D * I >= _TUNE_MIN_WEIGHTS
     gate_up = _tuned(_gate_up_kernel) if tune else _gate_up_kernel
     down = _tuned(_down_kernel) if tune else _down_kernel
