@@ -97,7 +97,16 @@ def serve(a, mode="process") -> dict:
         res["server_ready_s"] = time.perf_counter() - t0
         print(f"server healthy after {res['server_ready_s']:.1f} s", flush=True)
         bench(base, 8, 16, a)                                   # warm-up of the HTTP path and batch sizes
-        rN, r1 = bench(base, a.concurrency, 2 * a.concurrency, a), bench(base, 1, 16, a)
+        before = steps(base)
+        rN = bench(base, a.concurrency, 2 * a.concurrency, a)
+        after = steps(base)
+        print(f"engine steps during the c{a.concurrency} run (from /metrics):\n| kind | steps | tokens | seconds | mean ms |\n"
+              "|---|---:|---:|---:|---:|")
+        for kind in sorted(after):
+            n, tok, sec = (after[kind][i] - before.get(kind, (0, 0, 0))[i] for i in range(3))
+            if n:
+                print(f"| {kind} | {n:.0f} | {tok:.0f} | {sec:.3f} | {sec / n * 1e3:.2f} |")
+        r1 = bench(base, 1, 16, a)
         res.update(cN_tok_s=rN["output_throughput"], cN_ttft_p50_ms=rN["median_ttft_ms"], cN_itl_p50_ms=rN["median_itl_ms"],
                    c1_ttft_p50_ms=r1["median_ttft_ms"], c1_itl_p50_ms=r1["median_itl_ms"],
                    failed=rN["failed"] + r1["failed"])
@@ -112,6 +121,21 @@ def serve(a, mode="process") -> dict:
         said = [ln.rstrip() for ln in open(log_path) if "kernelgate serve:" in ln or " took " in ln]
         print(f"server log ({log_path}):\n  " + "\n  ".join(said[-20:]), flush=True)
     return res
+
+
+def steps(base: str) -> dict:
+    """{step kind: (steps, tokens, seconds)} so far, from the server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            kind = smp.labels.get("kind")
+            i = {"kernelgate:engine_step_seconds_count": 0, "kernelgate:engine_step_tokens_total": 1,
+                 "kernelgate:engine_step_seconds_sum": 2}.get(smp.name)
+            if kind is not None and i is not None:
+                out.setdefault(kind, [0.0, 0.0, 0.0])[i] = smp.value
+    return out
 
 
 def offline(a) -> tuple[float, float]:

@@ -50,7 +50,8 @@ class RequestRejected(KernelgateError):
 class Observer:
     """Metrics hooks, called on the engine thread (kernelgate.server.metrics implements them)."""
 
-    def on_step(self, running: int, waiting: int, cache_usage: float) -> None: ...
+    def on_step(self, running: int, waiting: int, cache_usage: float, step=None) -> None:
+        """step: (kind "prefill" | "decode" | "mixed", tokens, seconds) of the engine step, or None."""
     def on_first_token(self, seconds: float, prompt_tokens: int) -> None: ...
     def on_tokens(self, n: int, seconds_per_token: float) -> None: ...
     def on_finish(self, e2e_seconds: float, reason: str) -> None: ...
@@ -195,10 +196,10 @@ class AsyncEngine:
         if t is not None:
             t.loop.call_soon_threadsafe(_resolve, t.admitted, None if error is None else RequestRejected(error))
 
-    def _outputs(self, outs: list, running: int, waiting: int, cache_usage: float) -> None:
+    def _outputs(self, outs: list, running: int, waiting: int, cache_usage: float, step=None) -> None:
         self._running = running
         # gauges before delivering: a client that saw a token sees its gauges
-        self.observer.on_step(running, waiting, cache_usage)
+        self.observer.on_step(running, waiting, cache_usage, step)
         now = time.perf_counter()
         by_loop: dict = {}        # one wake-up per event loop per step, not one per request
         for out in outs:

@@ -2,7 +2,8 @@
 
     commands  ("add", request_id, prompt_ids, params) | ("abort", request_id) | ("exit",)
     events    ("admitted", request_id, error or None)      the engine took / refused a request
-              ("outputs", [RequestOutput], running, waiting, cache_usage)   after every step
+              ("outputs", [RequestOutput], running, waiting, cache_usage, step)   after every step
+                                                           (step: (kind, tokens, seconds) or None)
               ("failed", [request_id], message)            a step raised: those were aborted
               ("dead", message)                            the loop itself died
 
@@ -20,7 +21,7 @@ from ..platform import KernelgateError
 
 log = logging.getLogger("kernelgate.engine")
 
-SLOW_STEP_S = 1.0   # a step this long is logged: every waiting stream stalled behind it
+SLOW_STEP_S = 0.5   # a step this long is logged: every running stream stalled behind it
 
 
 def run_loop(engine, take, emit) -> None:
@@ -47,12 +48,12 @@ def run_loop(engine, take, emit) -> None:
             if events:                      # admissions before the step, which may be long
                 emit(events)
                 events = []
-            outs = []
+            outs, step = [], None
             if engine.has_unfinished():
                 try:
                     t0 = time.perf_counter()
                     outs = engine.step()
-                    _log_slow(engine, time.perf_counter() - t0)
+                    step = _step(engine, time.perf_counter() - t0)
                 except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
                     msg = f"engine step failed: {type(e).__name__}: {e}"
                     log.exception("kernelgate: %s", msg)
@@ -64,7 +65,7 @@ def run_loop(engine, take, emit) -> None:
                 if out.finished:
                     live.discard(out.request_id)
             # after aborts too: the gauges must say when they freed everything
-            events.append(("outputs", outs, engine.num_running, engine.num_waiting, engine.cache_usage))
+            events.append(("outputs", outs, engine.num_running, engine.num_waiting, engine.cache_usage, step))
             emit(events)
     except BaseException as e:  # noqa: BLE001 - the loop must never die silently
         msg = f"engine loop died: {type(e).__name__}: {e}"
@@ -72,13 +73,14 @@ def run_loop(engine, take, emit) -> None:
         emit([("dead", msg)])
 
 
-def _log_slow(engine, secs: float) -> None:
-    if secs < SLOW_STEP_S:
-        return
+def _step(engine, secs: float):
+    """(kind, tokens, seconds) of the step just run (None if it ran nothing); a slow one is logged."""
     st = getattr(engine, "last_step", None)
-    what = f"a {st.kind} step of {st.tokens} tokens ({st.seqs} sequences)" if st is not None else "a step"
-    log.warning("kernelgate: %s took %.2f s (kernels compiled or autotuned for a new shape? "
-                "`kernelgate warmup` / serve's warm-up meet them ahead of requests)", what, secs)
+    if secs >= SLOW_STEP_S:
+        what = f"a {st.kind} step of {st.tokens} tokens ({st.seqs} sequences)" if st is not None else "a step"
+        log.warning("kernelgate: %s took %.2f s (kernels compiled or autotuned for a new shape? "
+                    "`kernelgate warmup` / serve's warm-up meet them ahead of requests)", what, secs)
+    return None if st is None else (st.kind, st.tokens, secs)
 
 
 class ThreadCore:

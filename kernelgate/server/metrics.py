@@ -14,6 +14,8 @@ _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.
             10.0, 20.0, 40.0, 80.0)
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
          20.0, 40.0, 80.0, 160.0, 640.0)
+_STEP = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5,
+         1.0, 2.5, 5.0, 10.0)
 _E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
         240.0, 480.0, 960.0, 1920.0)
 
@@ -44,13 +46,22 @@ class Metrics(Observer):
                                          registry=r).labels(**labels)
         self.finished = Counter("kernelgate:request_success", "Finished requests by finish reason.",
                                 [*lbl, "finished_reason"], registry=r)
+        self.step_seconds = Histogram("kernelgate:engine_step_seconds", "Engine steps by kind "
+                                      "(prefill, decode, mixed: prefill chunks and decodes together).",
+                                      [*lbl, "kind"], buckets=_STEP, registry=r)
+        self.step_tokens = Counter("kernelgate:engine_step_tokens", "Tokens fed to the model, by step kind.",
+                                   [*lbl, "kind"], registry=r)
         self._labels = labels
 
     # Observer hooks (engine thread)
-    def on_step(self, running: int, waiting: int, cache_usage: float) -> None:
+    def on_step(self, running: int, waiting: int, cache_usage: float, step=None) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
         self.cache.set(cache_usage)
+        if step is not None:
+            kind, tokens, secs = step
+            self.step_seconds.labels(**self._labels, kind=kind).observe(secs)
+            self.step_tokens.labels(**self._labels, kind=kind).inc(tokens)
 
     def on_first_token(self, seconds: float, prompt_tokens: int) -> None:
         self.ttft.observe(seconds)

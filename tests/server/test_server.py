@@ -36,7 +36,8 @@ def metrics(base) -> dict:
     out = {}
     for fam in text_string_to_metric_families(httpx.get(f"{base}/metrics").text):
         for s in fam.samples:
-            key = s.name + (f"[{s.labels['finished_reason']}]" if "finished_reason" in s.labels else "")
+            label = s.labels.get("finished_reason", s.labels.get("kind"))
+            key = s.name + (f"[{label}]" if label is not None else "")
             out[key] = s.value
     return out
 
@@ -253,9 +254,14 @@ def test_metrics_parse(server):
                        ("kernelgate:time_to_first_token_seconds", "histogram"),
                        ("kernelgate:inter_token_latency_seconds", "histogram"),
                        ("kernelgate:e2e_request_latency_seconds", "histogram"),
-                       ("kernelgate:prompt_tokens", "counter"), ("kernelgate:generation_tokens", "counter")]:
+                       ("kernelgate:prompt_tokens", "counter"), ("kernelgate:generation_tokens", "counter"),
+                       ("kernelgate:engine_step_seconds", "histogram"), ("kernelgate:engine_step_tokens", "counter")]:
         assert fams[name].type == kind, name
     m = metrics(server)
+    # the request's prompt went through at least one prefill step, its tokens through decode steps
+    assert m["kernelgate:engine_step_seconds_count[prefill]"] >= 1 and m["kernelgate:engine_step_tokens_total[prefill]"] >= 2
+    assert m["kernelgate:engine_step_seconds_count[decode]"] >= 1
+    assert m["kernelgate:engine_step_seconds_sum[decode]"] > 0
     assert m["kernelgate:generation_tokens_total"] >= 3 and m["kernelgate:prompt_tokens_total"] >= 2
     assert m["kernelgate:time_to_first_token_seconds_count"] >= 1
     assert m["kernelgate:inter_token_latency_seconds_count"] >= 2
