@@ -45,8 +45,9 @@ def sync_sites(fn):
     return sites
 
 
-def kernels(fn, title, top=18):
-    fn()
+def kernels(fn, title, top=18, warm=True):
+    if warm:
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -59,8 +60,47 @@ def kernels(fn, title, top=18):
     print("| kernel / op | calls | device us | cpu us |\n|---|---:|---:|---:|")
     for e in sorted(ev, key=lambda e: -e.self_device_time_total)[:top]:
         print(f"| {e.key[:90]} | {e.count} | {e.self_device_time_total:.0f} | {e.cpu_time_total:.0f} |")
+    print(f"host: the {min(top, 12)} ops of most own CPU time\n| op | calls | own cpu us |\n|---|---:|---:|")
+    for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:min(top, 12)]:
+        print(f"| {e.key[:90]} | {e.count} | {e.self_cpu_time_total:.0f} |")
     syncs = [e for e in ev if "Synchronize" in e.key or "Memcpy" in e.key]
     print("sync/copy api calls: " + ", ".join(f"{e.key} x{e.count} ({e.cpu_time_total:.0f} us)" for e in syncs))
+
+
+def mixed(model, spec, top):
+    """One step of NEW fresh prompts joining RUNNING decoding requests (what a server's step
+    looks like when a wave of requests arrives), timed and profiled (the second such wave)."""
+    from kernelgate.engine import SamplingParams
+    new, rest = spec.split("x")
+    length, running = (int(x) for x in rest.split("+"))
+    new = int(new)
+    sched = e2e._engine(model, running + 3 * new, length + 200)
+    g = torch.Generator().manual_seed(2)
+
+    def add(n, tag):
+        for i in range(n):
+            sched.add_request(f"{tag}{i}", torch.randint(0, 1000, (length,), generator=g).tolist(),
+                              SamplingParams(max_new_tokens=150))
+    add(running, "r")
+    for _ in range(6 if running else 0):
+        sched.step()
+    for wave in range(2):
+        add(new, f"w{wave}-")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sched.step()                       # queues the mixed step (reads the decode step before it)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        kind = sched.last_step.kind
+        sched.step()                       # queues a decode step, reads the mixed one
+        torch.cuda.synchronize()
+        print(f"\n## {kind} step ({new} x {length} new + {running} decoding): {(t1 - t0) * 1e3:.2f} ms; "
+              f"the step after it {(time.perf_counter() - t1) * 1e3:.2f} ms (unprofiled, wave {wave})")
+        for _ in range(3):
+            sched.step()
+    add(new, "w2-")
+    kernels(lambda: (sched.step(), sched.step()), f"mixed step {new}x{length}+{running} and a decode step",
+            top, warm=False)
 
 
 def main():
@@ -71,6 +111,9 @@ def main():
     ap.add_argument("--hf", action="store_true", help="also profile HF transformers")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
     ap.add_argument("--top", type=int, default=18, help="kernels listed per profile")
+    ap.add_argument("--mixed", default="", metavar="NEWxLEN+RUNNING",
+                    help="also profile a mixed step: NEW prompts of LEN tokens joining RUNNING decodes (e.g. 32x128+32; "
+                         "comma-separated for several)")
     a = ap.parse_args()
     from kernelgate.engine import SamplingParams, StepBatch
     dev, dtype = torch.device("cpu" if a.tiny else "cuda"), torch.bfloat16
@@ -97,6 +140,8 @@ def main():
         sites = sync_sites(sched.step)
         print("syncs in one step: " + "; ".join(f"{k} x{v}" for k, v in sites.items()))
         kernels(sched.step, f"decode b{b} step", a.top)
+    for spec in filter(None, a.mixed.split(",")):
+        mixed(ours, spec, a.top)
     nb = -(-a.prefill // 64)
     cache = ours.new_cache(1, nb, 64)
     ids = torch.randint(0, 1000, (a.prefill,), device=dev)

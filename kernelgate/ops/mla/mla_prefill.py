@@ -134,6 +134,8 @@ def cases():
         _case([1, 16, 5], [1, 33, 16], 2, 32, 8, 16, 24, 16),       # first token, block boundaries
         _case([4, 0, 17], [65, 3, 64], 4, 48, 16, 32, 32, 8),       # an empty chunk, odd block count
         _case([20], [20], 2, 16, 0, 16, 16, 16),                    # no shared-key part
+        _case([1, 12, 1, 5, 0, 1], [30, 12, 17, 40, 3, 2], 4, 32, 16, 24, 16, 16),   # a server's step: decodes,
+        # fresh and continued prompts, an empty chunk (the sdpa implementation's varlen runs)
     ]
 
 

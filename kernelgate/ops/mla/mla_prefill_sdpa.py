@@ -25,12 +25,19 @@ positions) and linear in the chunk.
   causal part and an unmasked rest, so no kernel's own alignment of a non-square causal mask
   matters.
 
+- Many short sequences (a server's step: prompts and decodes of a few hundred positions):
+  consecutive sequences of at most VARLEN_MAX_LEN positions form runs of at most PIECE
+  positions, and a run is gathered, expanded and attended in one go by a varlen kernel
+  (`VARLEN`: torch's memory-efficient kernel with bottom-right causal masking on CUDA / ROCm),
+  instead of ~10 launches per sequence. A refusal is warned once; that run goes one by one.
+
 Why not one SDPA over the whole context with a mask: the expanded keys and values of a
 128k context are ~2.7 GB per layer call (Kimi, bf16); pieces cap that at PIECE positions
 and cost one extra fp32 pass over [H, n, Dv] per piece.
 """
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import torch
@@ -124,6 +131,11 @@ LSE_KERNELS = {"cudnn": _lse_cudnn, "flash": _lse_flash, "efficient": _lse_effic
 LSE_ORDER = {"cuda": ("cudnn", "flash", "efficient"), "rocm": ("flash", "efficient"), "cpu": ("cpu_flash",)}
 
 
+def _device_kind(q) -> str:
+    """The device type, with ROCm's "cuda" tensors by the platform's name."""
+    return "rocm" if q.device.type == "cuda" and current().name == "rocm" else q.device.type
+
+
 def attend_lse(q, k, v, scale, causal):
     """(o fp32 [1, H, nq, Dv], lse fp32 [1, H, nq]) of one piece; top-left causal if asked."""
     nk = k.shape[2]
@@ -133,8 +145,7 @@ def attend_lse(q, k, v, scale, causal):
         o1, l1 = attend_lse(q[:, :, :nk], k, v, scale, True)
         o2, l2 = attend_lse(q[:, :, nk:], k, v, scale, False)
         return torch.cat([o1, o2], 2), torch.cat([l1, l2], 2)
-    kind = "rocm" if q.device.type == "cuda" and current().name == "rocm" else q.device.type
-    order = (FORCE_LSE,) if FORCE_LSE else LSE_ORDER.get(kind, ())
+    order = (FORCE_LSE,) if FORCE_LSE else LSE_ORDER.get(_device_kind(q), ())
     for name in order:
         if name == "math":
             break
@@ -152,6 +163,113 @@ def attend_lse(q, k, v, scale, causal):
     return _math_lse(q, k, v, scale, causal)
 
 
+def _runs(bounds, lens, batched: bool):
+    """The sequences with new tokens, in order, as runs sharing one attention call: consecutive
+    ones of at most VARLEN_MAX_LEN positions, at most PIECE positions per run (where `batched`);
+    every other sequence alone."""
+    run, size = [], 0
+    for i, L in enumerate(lens):
+        if bounds[i + 1] == bounds[i]:
+            continue                       # no new tokens: nothing to compute (its q rows are none)
+        if batched and L <= VARLEN_MAX_LEN:
+            if run and size + L > PIECE:
+                yield run
+                run, size = [], 0
+            run.append(i)
+            size += L
+            continue
+        if run:
+            yield run
+            run, size = [], 0
+        yield [i]
+    if run:
+        yield run
+
+
+def _varlen_efficient(q, k, v, cu_q, cu_k, ns, Ls, scale):
+    """torch's memory-efficient kernel over packed sequences, causal from the bottom right."""
+    return torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu_q, cu_k, max(ns), max(Ls),
+                                                       0.0, 2, False, scale=scale)[0][0]
+
+
+def _varlen_math(q, k, v, cu_q, cu_k, ns, Ls, scale):
+    """fp32 per sequence (tests: the batching around it on any device)."""
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+    a = b = 0
+    for n, L in zip(ns, Ls):
+        sc = torch.einsum("nhd,lhd->hnl", q[a:a + n].float(), k[b:b + L].float()) * scale
+        hide = torch.arange(L, device=q.device)[None, :] > (L - n + torch.arange(n, device=q.device))[:, None]
+        p = torch.softmax(sc.masked_fill(hide, float("-inf")), dim=-1)
+        o[a:a + n] = torch.einsum("hnl,lhv->nhv", p, v[b:b + L].float()).to(q.dtype)
+        a, b = a + n, b + L
+    return o
+
+
+# Sequences this short share one attention call per run (a server's step: many prompts and
+# decodes of a few hundred positions each, where launching per sequence costs more than the
+# attention): a run's latents are gathered and expanded at once and attended by a varlen kernel.
+VARLEN_MAX_LEN = 2048
+VARLEN_KERNELS = {"efficient": _varlen_efficient, "math": _varlen_math}
+VARLEN = {"cuda": "efficient", "rocm": "efficient"}   # by device type; elsewhere one call per sequence
+FORCE_VARLEN: str | None = None                        # tests: a VARLEN_KERNELS name, or "off"
+
+
+def _attend_run(q, cache, block_table, bounds, lens, run, w, H, Dn, Dv, R, scale, how):
+    """Output rows [bounds[run[0]], bounds[run[-1] + 1]) of a run, from one gather, one expansion
+    and one varlen attention; None if the kernel refused (the caller goes one by one)."""
+    Ls = torch.tensor([lens[i] for i in run])
+    ns = [bounds[i + 1] - bounds[i] for i in run]
+    member = torch.repeat_interleave(torch.arange(len(run)), Ls)                # run member of each position
+    pos = torch.arange(int(Ls.sum())) - (torch.cumsum(Ls, 0) - Ls)[member]
+    cu = torch.tensor([0] + list(itertools.accumulate(ns)) + [0] + list(itertools.accumulate(Ls.tolist())),
+                      dtype=torch.int32)
+    where = alloc.upload(torch.cat([torch.tensor(run)[member], pos, cu.long()]), q.device)   # one copy
+    K, bs = pos.shape[0], cache.shape[1]
+    rows, pos_d, cu_d = where[:K], where[K:2 * K], where[2 * K:].int()
+    lat = cache[block_table[rows, pos_d // bs].long(), pos_d % bs].to(q.dtype)   # [K, R + Dr]
+    kv = (lat[:, :R] @ w.t()).view(K, H, Dn + Dv)
+    k = torch.cat([kv[..., :Dn], lat[:, None, R:].expand(K, H, lat.shape[1] - R)], dim=-1)
+    t0, t1 = bounds[run[0]], bounds[run[-1] + 1]
+    try:
+        return VARLEN_KERNELS[how](q[t0:t1], k, kv[..., Dn:], cu_d[:len(run) + 1], cu_d[len(run) + 1:],
+                                   ns, Ls.tolist(), scale)
+    except Exception as e:  # noqa: BLE001 - an unsupported shape/dtype/backend: one call per sequence
+        key = (q.device.type, q.dtype, "varlen-" + how)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"kernelgate: mla_prefill (sdpa): the {how} varlen kernel refused a run of "
+                          f"{len(run)} sequences ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                          "attending one sequence at a time", FallbackWarning, stacklevel=3)
+        return None
+
+
+def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
+    """Output rows [t0, t1) of one sequence of L positions."""
+    n = t1 - t0
+    p0 = L - n
+    qi = q[t0:t1].transpose(0, 1)[None]                                      # [1, H, n, Dn + Dr]
+    if L <= PIECE:
+        k, v = expand(cache, table_row, 0, L, w, H, Dn, Dv, R, q.dtype)
+        mask = None if p0 == 0 else _lower_right()(n, L)
+        out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=p0 == 0, scale=scale)
+        return out[0].transpose(0, 1)
+    acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
+    mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
+    den = torch.zeros(H, n, dtype=torch.float32, device=q.device)
+    pieces = [(a, min(a + PIECE, p0), False) for a in range(0, p0, PIECE)] + \
+             [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
+    for a, b, in_chunk in pieces:
+        first = a - p0 if in_chunk else 0                                    # queries that see this piece
+        k, v = expand(cache, table_row, a, b, w, H, Dn, Dv, R, q.dtype)
+        po, plse = attend_lse(qi[:, :, first:], k, v, scale, causal=in_chunk)
+        m_new = torch.maximum(mx[:, first:], plse[0])
+        a_old, a_new = torch.exp(mx[:, first:] - m_new), torch.exp(plse[0] - m_new)
+        acc[:, first:] = acc[:, first:] * a_old[..., None] + po[0] * a_new[..., None]
+        den[:, first:] = den[:, first:] * a_old + a_new
+        mx[:, first:] = m_new
+    return (acc / den[..., None]).transpose(0, 1).to(q.dtype)
+
+
 def mla_prefill_sdpa(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale, value_dim):
     T, H, _ = q.shape
     R = w_kv.shape[2]
@@ -159,32 +277,14 @@ def mla_prefill_sdpa(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale, v
     w = w_kv.to(q.dtype).reshape(H * (Dn + Dv), R)
     bounds, lens = cu_seqlens.tolist(), seq_lens.tolist()   # host copies: no sync; device ones: one
     o = alloc.empty((T, H, Dv), q.dtype, q.device)
-    for i, L in enumerate(lens):
-        t0, t1 = bounds[i], bounds[i + 1]
-        n = t1 - t0
-        if n == 0:
-            continue
-        p0 = L - n
-        qi = q[t0:t1].transpose(0, 1)[None]                                  # [1, H, n, Dn + Dr]
-        if L <= PIECE:
-            k, v = expand(cache, block_table[i], 0, L, w, H, Dn, Dv, R, q.dtype)
-            mask = None if p0 == 0 else _lower_right()(n, L)
-            out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=p0 == 0, scale=scale)
-            o[t0:t1] = out[0].transpose(0, 1)
-            continue
-        acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
-        mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
-        den = torch.zeros(H, n, dtype=torch.float32, device=q.device)
-        pieces = [(a, min(a + PIECE, p0), False) for a in range(0, p0, PIECE)] + \
-                 [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
-        for a, b, in_chunk in pieces:
-            first = a - p0 if in_chunk else 0                                # queries that see this piece
-            k, v = expand(cache, block_table[i], a, b, w, H, Dn, Dv, R, q.dtype)
-            po, plse = attend_lse(qi[:, :, first:], k, v, scale, causal=in_chunk)
-            m_new = torch.maximum(mx[:, first:], plse[0])
-            a_old, a_new = torch.exp(mx[:, first:] - m_new), torch.exp(plse[0] - m_new)
-            acc[:, first:] = acc[:, first:] * a_old[..., None] + po[0] * a_new[..., None]
-            den[:, first:] = den[:, first:] * a_old + a_new
-            mx[:, first:] = m_new
-        o[t0:t1] = (acc / den[..., None]).transpose(0, 1).to(q.dtype)
+    how = FORCE_VARLEN or VARLEN.get(_device_kind(q))
+    for run in _runs(bounds, lens, how is not None and how != "off"):
+        if len(run) > 1:
+            out = _attend_run(q, cache, block_table, bounds, lens, run, w, H, Dn, Dv, R, scale, how)
+            if out is not None:
+                o[bounds[run[0]]:bounds[run[-1] + 1]] = out
+                continue
+        for i in run:
+            t0, t1 = bounds[i], bounds[i + 1]
+            o[t0:t1] = _attend_one(q, cache, block_table[i], t0, t1, lens[i], w, H, Dn, Dv, R, scale)
     return o

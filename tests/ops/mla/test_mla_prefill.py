@@ -71,6 +71,34 @@ def test_sdpa_context_pieces_merge(monkeypatch, lse_path, dtype):
     assert rel(o, ref) < BOUND[dtype], rel(o, ref)
 
 
+@pytest.mark.parametrize("varlen", ["device", "math"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sdpa_runs_of_short_sequences(monkeypatch, varlen, dtype):
+    # a server's step: decodes (1 token after a context), fresh prompts, a continued chunk, an
+    # empty chunk, and one sequence too long for a run (VARLEN_MAX_LEN 32 here) that splits the
+    # runs; runs capped at PIECE = 64 positions. "device": this device's varlen kernel (CUDA /
+    # ROCm; one call per sequence on a CPU); "math": the fp32 varlen stand-in, so the gathering,
+    # expansion and placement of runs are checked on any device
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    monkeypatch.setattr(S, "VARLEN_MAX_LEN", 32)
+    monkeypatch.setattr(S, "PIECE", 64)
+    monkeypatch.setattr(S, "FORCE_VARLEN", "math" if varlen == "math" else None)
+    chunks = [1, 12, 1, 5, 0, 2, 9, 1, 30, 2, 1]
+    lens = [30, 12, 17, 21, 20, 2, 9, 25, 40, 18, 32]
+    pb = Problem(lens, chunks, 3, 32, 16, 24, 16, 8, dtype, seed=5)
+    assert [r for r in S._runs(pb.cu.tolist(), lens, True)] == [[0, 1, 2], [3, 5, 6, 7], [8], [9, 10]]
+    dev = platform.default_device()                # (lengths stay on the host, as the model passes them)
+    w_kv = pb.w_kv(dtype)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)        # no kernel refused a run
+        o = run("sdpa", q.to(dev), pb.cache.to(dev), pb.table.to(dev), pb.cu, pb.seq_lens, w_kv.to(dev),
+                pb.scale, 16).cpu()
+    w = w_kv.double()
+    ref = pb.expanded(w[:, :24], w[:, 24:])
+    assert rel(o, ref) < BOUND[dtype], rel(o, ref)
+
+
 def test_last_chunk_token_matches_decode():
     # the last token of a prefill chunk is what a decode step computes for it (absorbed form)
     pb = Problem([21, 50], [6, 3], 3, 32, 16, 16, 16, 16, torch.float32)
