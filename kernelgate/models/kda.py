@@ -6,6 +6,9 @@
     o   = KDA(l2norm(q), l2norm(k), v, g, beta; state[slot])    [T, H, V]
     out = o_proj(gated_rms_norm(o, o_norm, sigmoid gate g_b(g_a(x))))
 
+q|k|v, f_a, g_a and b are one matrix (`in_proj`: one matmul reads x once), f_b and g_b one
+batched matmul (`up_proj`); each keeps its own parameter name, a view into the matrix.
+
 Prefill goes through `short_conv` + `kda_gate` + `kda_prefill` (varlen, cu_seqlens + slots);
 decode through `short_conv_update` + `kda_packed_decode` (gate, beta, l2norm, update and
 output in one op). The registry picks the kernels; nothing here looks at the platform.
@@ -14,11 +17,12 @@ The batch's host copies of cu_seqlens / slots go to the prefill ops as hints (no
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
 from .layers import _param
-from .parallel import SINGLE, column, mark, row
+from .parallel import SINGLE, column, fuse, mark, row
 
 
 class KimiDeltaAttention(nn.Module):
@@ -46,6 +50,10 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = nn.Module()
         self.o_norm.weight = _param(K)
         self.o_proj = row(H * K * par.size, D, par, "KDA o")
+        # every projection of x in one matmul, f_b and g_b in one batched matmul (a decode step of
+        # few tokens is bound by launches, not bytes: 4 small GEMMs fewer per layer)
+        fuse(self, "in_proj", ["qkv_proj", "f_a_proj", "g_a_proj", "b_proj"])
+        fuse(self, "up_proj", ["f_b_proj", "g_b_proj"])
 
     def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
         """x [T, D] packed tokens of `batch`; states read from and written to `cache`'s slots
@@ -54,9 +62,10 @@ class KimiDeltaAttention(nn.Module):
         T = x.shape[0]
         conv_state = cache.conv_state[self.layer_idx]                # [S, 3HK, W-1]
         state = cache.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
-        mixed = self.qkv_proj(x)                                    # [T, 3HK]
-        f = self.f_b_proj(self.f_a_proj(x))                         # [T, HK] raw gate input
-        b = self.b_proj(x)                                          # [T, H] beta logits
+        y = F.linear(x, self.in_proj)                               # [T, 3HK + K + K + H]
+        mixed, fg_a, b = y.split([3 * H * K, 2 * K, H], dim=-1)     # q|k|v, f_a|g_a, beta logits
+        fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
+        f, gate = fg[0], fg[1].view(T, H, K)                        # raw decay input, output gate
         if batch.decode:
             qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
             o = ops.kda_packed_decode(qkv, f, b, self.A_log, self.dt_bias, state, batch.slots, H, K)
@@ -69,6 +78,5 @@ class KimiDeltaAttention(nn.Module):
             o = ops.kda_prefill(q, k, v, g, torch.sigmoid(b.float()).to(x.dtype), state,
                                 batch.cu_seqlens, batch.slots,
                                 cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)   # [T, H, V]
-        gate = self.g_b_proj(self.g_a_proj(x)).view(T, H, K)
         o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
         return self.par.all_reduce(self.o_proj(o.reshape(T, H * K)))

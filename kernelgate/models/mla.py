@@ -14,11 +14,12 @@ directly over the latent cache (MQA with width R + Dr).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
 from .layers import RMSNorm
-from .parallel import SINGLE, column, row
+from .parallel import SINGLE, column, fuse, row
 
 
 class MLAttention(nn.Module):
@@ -42,19 +43,23 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.R, c.rms_norm_eps)
         self.kv_b_proj = column(self.R, n * H * (self.Dn + self.Dv), par, "MLA kv_b")
         self.o_proj = row(n * H * self.Dv, D, par, "MLA o")
+        # the query (or its low-rank half) and the latent projection read x in one matmul
+        self.q_in = "q_proj" if c.q_lora_rank is None else "q_a_proj"
+        fuse(self, "in_proj", [self.q_in, "kv_a_proj_with_mqa"])
 
-    def _q(self, x):
-        if hasattr(self, "q_proj"):
-            return self.q_proj(x)
-        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+    def _q(self, q_in):
+        """The first projection's output -> q [T, H * (Dn + Dr)]."""
+        if self.q_in == "q_proj":
+            return q_in
+        return self.q_b_proj(self.q_a_layernorm(q_in))
 
     def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
         """x [T, D] packed tokens of `batch`; their latents are written to this layer's paged
         cache (rows `batch.slot_mapping`) before attention reads them."""
         T = x.shape[0]
         kv = cache.mla_cache[self.layer_idx]                         # [NB, bs, R + Dr]
-        q = self._q(x).view(T, self.H, self.Dn + self.Dr)            # [T, H, Dn + Dr]
-        c, k_r = self.kv_a_proj_with_mqa(x).split([self.R, self.Dr], dim=-1)
+        q_in, c, k_r = F.linear(x, self.in_proj).split([getattr(self, self.q_in).weight.shape[0], self.R, self.Dr], dim=-1)
+        q = self._q(q_in).view(T, self.H, self.Dn + self.Dr)         # [T, H, Dn + Dr]
         latent = torch.cat([self.kv_a_layernorm(c), k_r], dim=-1)    # [T, R + Dr]
         # device-side rows: no host sync, capturable in a graph
         kv.view(-1, kv.shape[-1]).index_copy_(0, batch.slot_mapping.long(), latent.to(kv.dtype))

@@ -84,6 +84,29 @@ def mark(module: nn.Module, pname: str, dim: int, segments: int = 1) -> None:
     module._tp_shards[pname] = (dim, segments)
 
 
+def fuse(module: nn.Module, name: str, children: list) -> None:
+    """The weights of Linear submodules `children` (one input, outputs stacked along dim 0, this
+    rank's parts) live in one matrix, buffer `name` of `module`: one matmul reads them all. Each
+    child keeps its parameter (a view into the matrix), so the loader, the shard marks and
+    checkpoints see the usual names. `build` allocates the matrix (kimi_linear.py)."""
+    module.__dict__.setdefault("_fused", {})[name] = list(children)
+
+
+def allocate_fused(module: nn.Module, dtype, device) -> set:
+    """Allocate `module`'s fused matrices and make the children's weights views of them ->
+    the parameters now allocated."""
+    done = set()
+    for name, children in module.__dict__.get("_fused", {}).items():
+        mods = [getattr(module, c) for c in children]
+        rows = [m.weight.shape[0] for m in mods]
+        buf = torch.empty(sum(rows), *mods[0].weight.shape[1:], dtype=dtype, device=device)
+        module.register_buffer(name, buf, persistent=False)
+        for m, a, n in zip(mods, [sum(rows[:i]) for i in range(len(rows))], rows):
+            m._parameters["weight"] = nn.Parameter(buf[a:a + n], requires_grad=False)
+            done.add(id(m))
+    return done
+
+
 def column(in_f: int, out_f: int, par: Parallel, what: str, segments: int = 1) -> nn.Linear:
     """Linear whose output features (`segments` fused parts) are split over the ranks."""
     lin = nn.Linear(in_f, par.split(out_f, what), bias=False)

@@ -188,7 +188,7 @@ def _runs(bounds, lens, batched: bool):
 
 def _varlen_efficient(q, k, v, cu_q, cu_k, ns, Ls, scale):
     """torch's memory-efficient kernel over packed sequences, causal from the bottom right."""
-    return torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu_q, cu_k, max(ns), max(Ls),
+    return torch.ops.aten._efficient_attention_forward(q.contiguous()[None], k[None], v[None], None, cu_q, cu_k, max(ns), max(Ls),
                                                        0.0, 2, False, scale=scale)[0][0]
 
 
