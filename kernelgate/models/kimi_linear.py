@@ -28,9 +28,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, h, batch, cache):
-        h = h + self.self_attn(self.input_layernorm(h), batch, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, x, residual, batch, cache):
+        """x: the previous block's output, residual: the sum before it (None at the first layer)
+        -> (this layer's MLP output, the residual sum before it). Each add is folded into the
+        norm after it (one pass, no separate add kernel)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(x, batch, cache), residual)
+        return self.mlp(x), residual
 
 
 class Backbone(nn.Module):
@@ -69,10 +76,10 @@ class KimiLinearForCausalLM(nn.Module):
 
     def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """tokens [T] packed -> final normed hidden states [T, D]."""
-        h = self.model.embed_tokens(tokens)
+        h, residual = self.model.embed_tokens(tokens), None
         for layer in self.model.layers:
-            h = layer(h, batch, cache)
-        return self.model.norm(h)
+            h, residual = layer(h, residual, batch, cache)
+        return self.model.norm(h, residual)[0] if residual is not None else self.model.norm(h)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:

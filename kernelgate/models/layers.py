@@ -23,8 +23,11 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.gated_rms_norm(x, self.weight, None, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """rms(x) * w; with `residual`: (rms(x + residual) * w, x + residual) in one pass."""
+        if residual is None:
+            return ops.gated_rms_norm(x, self.weight, None, self.eps)
+        return ops.gated_rms_norm(x, self.weight, None, self.eps, residual=residual, prenorm=True)
 
 
 class MLP(nn.Module):

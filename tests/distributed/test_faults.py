@@ -47,12 +47,12 @@ def on_decode_layer(pm, fn, step: int = 1):
     layer = pm.shard.model.layers[1]
     inner, seen = layer.forward, []
 
-    def forward(h, batch, cache):
+    def forward(h, residual, batch, cache):
         if batch.decode:
             seen.append(1)
             if len(seen) == step:
                 fn()
-        return inner(h, batch, cache)
+        return inner(h, residual, batch, cache)
     layer.forward = forward
 
 
