@@ -17,7 +17,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     step of each power-of-two token count up to the token budget, which compiles and autotunes
     the kernels keyed on it (fused_experts autotunes per bucket of token-expert pairs; on an
     H200 a c64 wave whose first 8192-token step met an untuned bucket waited 1.8 s), one step of
-    an odd token count, and one prompt several chunks long."""
+    an odd token count, a mixed step (a prompt joining decodes: 0.8 s the first time on an H200),
+    and one prompt several chunks long."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
@@ -65,7 +66,9 @@ def _every_shape(engine, batch: int, log) -> None:
     odd = [sizes[-1] // 2 + 1] if len(sizes) > 1 else []
     biggest = 0
     for n in (sizes + odd if longest > 0 else []):
-        k = -(-n // longest)
+        # the power-of-two steps as a server meets them: prompts of a few hundred tokens (several
+        # sequences per step: attention's varlen runs); the odd one as few prompts as fit
+        k = -(-n // longest) if n in odd else max(-(-n // longest), min(engine.max_num_seqs, n // 256))
         for i in range(k):
             m = n // k + (1 if i < n % k else 0)
             engine.add_request(f"warmup-prefill-{n}-{i}", [(5 * j + i + 1) % vocab for j in range(m)],
@@ -73,6 +76,15 @@ def _every_shape(engine, batch: int, log) -> None:
         while engine.has_unfinished():
             engine.step()
         biggest = max(biggest, n)
+    # a mixed step: a prompt joining requests that decode (their tokens take the prefill path)
+    if longest > 40 and engine.max_num_seqs >= 3:
+        for i in range(2):
+            engine.add_request(f"warmup-mixed-{i}", [(11 * j + i + 3) % vocab for j in range(5)],
+                               SamplingParams(max_new_tokens=4))
+        engine.step()
+        engine.add_request("warmup-mixed-2", [(13 * j + 1) % vocab for j in range(37)], SamplingParams(max_new_tokens=2))
+        while engine.has_unfinished():
+            engine.step()
     # one prompt several chunks long, so a chunk meets a cached prefix longer than itself: attention
     # kernels that plan per shape (cuDNN's, ~0.75 s a shape on an H200) plan now, not in a request
     long = min(longest, 4 * budget)
