@@ -113,3 +113,27 @@ def test_async_non_finite_logits_end_the_request(model, monkeypatch):
     got, reasons, fed = _drive(Engine(model, max_model_len=64, block_size=4), prompts, params)
     assert fed > 0 and reasons == {"r0": "length", "r1": "error", "r2": "length"}
     assert got[1] == ref[1][:2] and got[0] == ref[0] and got[2] == ref[2]
+
+
+def test_engine_loop_reports_each_step_and_logs_slow_ones(model, monkeypatch, caplog):
+    """The loop that owns the engine (under `kernelgate serve`) sends (kind, tokens, seconds) of
+    every step with its outputs (the /metrics step histogram), and logs a step slower than
+    SLOW_STEP_S with its kind and size."""
+    from kernelgate.engine import core_loop
+    monkeypatch.setattr(core_loop, "SLOW_STEP_S", 0.0)          # every step counts as slow here
+    cmds = [[("add", "a", [5, 6, 7, 8], SamplingParams(max_new_tokens=3))], []]
+    events = []
+
+    def take(block):
+        if cmds:
+            return cmds.pop(0)
+        return [("exit",)] if block else []
+    eng = Engine(model, max_num_seqs=2, max_model_len=64)
+    with caplog.at_level("WARNING", logger="kernelgate.engine"):
+        core_loop.run_loop(eng, take, events.extend)
+    steps = [ev[5] for ev in events if ev[0] == "outputs" and ev[5] is not None]
+    assert [k for k, _, _ in steps][:2] == ["prefill", "decode"] and steps[0][1] == 4
+    assert all(t == 1 for k, t, _ in steps if k == "decode") and all(s > 0 for _, _, s in steps)
+    out = [o for ev in events if ev[0] == "outputs" for o in ev[1]]
+    assert out[-1].finished and sum(len(o.new_token_ids) for o in out) == 3
+    assert any("a prefill step of 4 tokens (1 sequence) took" in r.getMessage() for r in caplog.records)

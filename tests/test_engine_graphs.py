@@ -176,7 +176,8 @@ def test_prepare_captures_every_shape_up_front(model, fake_graphs):
 
 def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model):
     """warm_up(every_shape=True) with a 64-token budget: one prefill step of each power of two
-    up to it, several prompts per step where max_model_len is shorter, and one 256-token prompt
+    up to it, several prompts per step where max_model_len is shorter, an odd count, a mixed
+    step, and one 256-token prompt
     (chunked: its chunks meet a cached prefix); afterwards every slot and block is free and the
     engine decodes exactly as a fresh one."""
     eng = Engine(model, max_num_seqs=4, max_model_len=256 + 1, max_num_batched_tokens=64, graphs=False)
@@ -194,6 +195,8 @@ def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model)
     prefill = [t for kind, t in steps if kind == "prefill"]
     # the 64-token step, then the long prompt in chunks of the budget
     assert prefill.count(64) >= 1 + 256 // 64
+    assert 33 in prefill                                   # an odd token count (Triton's other specialisation)
+    assert any(kind == "mixed" for kind, _ in steps), steps   # a prompt joining decodes
     assert eng.blocks.free_blocks == eng.capacity.num_blocks and eng.blocks.free_slots == eng.capacity.num_slots
     prompts = _prompts()
     out = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=eng)

@@ -164,3 +164,27 @@ def test_host_memory_stays_at_weights_plus_one_tensor(tmp_path):
     assert total > 45e6 and r["weights"] > 0.95 * total
     grew = r["peak"] - r["before"]
     assert grew <= r["weights"] + largest + (24 << 20), (grew, r, largest)
+
+
+def test_fused_projections_are_views_of_one_matrix(tmp_path):
+    """A layer's projections of x are one matrix (one matmul), each parameter a view of it: the
+    loader fills the views, a checkpoint names them one by one and never the matrix."""
+    from kernelgate.models import build, tiny
+    from kernelgate.models.loader import save_checkpoint
+    src = build(tiny(vocab_size=64), seed=3)
+    save_checkpoint(src, tmp_path)
+    names = set(load_file(str(tmp_path / "model.safetensors")))
+    assert not any(n.endswith(("self_attn.in_proj", "self_attn.up_proj")) for n in names) and names
+    m = kernelgate.load_model(tmp_path)
+    kda = next(layer.self_attn for layer in m.model.layers if hasattr(layer.self_attn, "qkv_proj"))
+    mla = next(layer.self_attn for layer in m.model.layers if hasattr(layer.self_attn, "kv_a_proj_with_mqa"))
+    for mod, fused, parts in ((kda, kda.in_proj, ("qkv_proj", "f_a_proj", "g_a_proj", "b_proj")),
+                              (kda, kda.up_proj, ("f_b_proj", "g_b_proj")),
+                              (mla, mla.in_proj, (mla.q_in, "kv_a_proj_with_mqa"))):
+        ws = [getattr(mod, p).weight for p in parts]
+        assert all(w.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr() for w in ws)
+        assert torch.equal(fused, torch.cat(ws)) and fused.shape[0] == sum(w.shape[0] for w in ws)
+    ref = dict(src.named_parameters())
+    assert all(torch.equal(p, ref[n]) for n, p in m.named_parameters())
+    # one allocation per fused matrix: the parameters' bytes are the model's, no copy beside them
+    assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for p in src.parameters())

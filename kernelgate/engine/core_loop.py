@@ -77,7 +77,8 @@ def _step(engine, secs: float):
     """(kind, tokens, seconds) of the step just run (None if it ran nothing); a slow one is logged."""
     st = getattr(engine, "last_step", None)
     if secs >= SLOW_STEP_S:
-        what = f"a {st.kind} step of {st.tokens} tokens ({st.seqs} sequences)" if st is not None else "a step"
+        what = (f"a {st.kind} step of {st.tokens} tokens ({st.seqs} sequence{'s' * (st.seqs != 1)})"
+                if st is not None else "a step")
         log.warning("kernelgate: %s took %.2f s (kernels compiled or autotuned for a new shape? "
                     "`kernelgate warmup` / serve's warm-up meet them ahead of requests)", what, secs)
     return None if st is None else (st.kind, st.tokens, secs)
