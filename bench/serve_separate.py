@@ -3,6 +3,7 @@ c1 figures as a user would measure them), vs offline `kernelgate.generate()` on 
 checkpoint in this process afterwards.
 
     PYTHONPATH=. python bench/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
+    ... --repeat 3                      # three c64 / c1 runs per server, medians
     ... --platform xpu                  # dispatch as on an Intel GPU (simulated: Triton everywhere)
     ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
 
@@ -46,6 +47,7 @@ def main():
     ap.add_argument("--engine", nargs="*", choices=["process", "thread"], default=["process"],
                     help="one server run per value: the engine in its own process, or on a server thread")
     ap.add_argument("--no-offline", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="c64 and c1 runs per server (medians reported)")
     ap.add_argument("--platform", help="simulate a platform's dispatch (server and offline), e.g. xpu: Triton everywhere")
     a = ap.parse_args()
     if a.platform:
@@ -97,19 +99,28 @@ def serve(a, mode="process") -> dict:
         res["server_ready_s"] = time.perf_counter() - t0
         print(f"server healthy after {res['server_ready_s']:.1f} s", flush=True)
         bench(base, 8, 16, a)                                   # warm-up of the HTTP path and batch sizes
-        before = steps(base)
-        rN = bench(base, a.concurrency, 2 * a.concurrency, a)
-        after = steps(base)
-        print(f"engine steps during the c{a.concurrency} run (from /metrics):\n| kind | steps | tokens | seconds | mean ms |\n"
-              "|---|---:|---:|---:|---:|")
-        for kind in sorted(after):
-            n, tok, sec = (after[kind][i] - before.get(kind, (0, 0, 0))[i] for i in range(3))
-            if n:
-                print(f"| {kind} | {n:.0f} | {tok:.0f} | {sec:.3f} | {sec / n * 1e3:.2f} |")
-        r1 = bench(base, 1, 16, a)
-        res.update(cN_tok_s=rN["output_throughput"], cN_ttft_p50_ms=rN["median_ttft_ms"], cN_itl_p50_ms=rN["median_itl_ms"],
-                   c1_ttft_p50_ms=r1["median_ttft_ms"], c1_itl_p50_ms=r1["median_itl_ms"],
-                   failed=rN["failed"] + r1["failed"])
+        runs, ones = [], []
+        for _ in range(a.repeat):              # the same server: c64 varies run to run by +-0.1 x
+            before = steps(base)
+            runs.append(bench(base, a.concurrency, 2 * a.concurrency, a))
+            after = steps(base)
+            print(f"engine steps during a c{a.concurrency} run (from /metrics): "
+                  f"{runs[-1]['output_throughput']:,.0f} tok/s\n| kind | steps | tokens | seconds | mean ms |\n"
+                  "|---|---:|---:|---:|---:|")
+            for kind in sorted(after):
+                n, tok, sec = (after[kind][i] - before.get(kind, (0, 0, 0))[i] for i in range(3))
+                if n:
+                    print(f"| {kind} | {n:.0f} | {tok:.0f} | {sec:.3f} | {sec / n * 1e3:.2f} |")
+            ones.append(bench(base, 1, 16, a))
+
+        def med(rs, key):
+            return statistics.median(r[key] for r in rs)
+        if a.repeat > 1:
+            print(f"c{a.concurrency} output tok/s per run: " + ", ".join(f"{r['output_throughput']:,.0f}" for r in runs)
+                  + "; c1 ITL p50 ms per run: " + ", ".join(f"{r['median_itl_ms']:.2f}" for r in ones) + " (medians below)")
+        res.update(cN_tok_s=med(runs, "output_throughput"), cN_ttft_p50_ms=med(runs, "median_ttft_ms"),
+                   cN_itl_p50_ms=med(runs, "median_itl_ms"), c1_ttft_p50_ms=med(ones, "median_ttft_ms"),
+                   c1_itl_p50_ms=med(ones, "median_itl_ms"), failed=sum(r["failed"] for r in runs + ones))
     finally:
         srv.terminate()
         try:
