@@ -275,7 +275,8 @@ def part_full(args, device):
                  gpu_memory_utilization=args.util)
     print(eng.capacity.report(), flush=True)
     rows = []
-    for name, prompts in ((f"1 x {L}", [_prompt(L, 1)]), (f"4 x {short}", [_prompt(short, 2 + i) for i in range(4)])):
+    long_runs = ((f"1 x {L}", [_prompt(L, 1)]), (f"4 x {short}", [_prompt(short, 2 + i) for i in range(4)]))
+    for name, prompts in (() if args.decode_only else long_runs):
         t = Timing()
         t0 = time.perf_counter()
         out = kernelgate.generate(model, prompts, max_new_tokens=32, stop_token_ids=(), timing=t, engine=eng)
@@ -318,6 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-steps", type=int, default=24)
     ap.add_argument("--util", type=float, default=0.9, help="gpu_memory_utilization for 'full'")
     ap.add_argument("--tiny", action="store_true", help="tiny widths, short prompts (smoke run)")
+    ap.add_argument("--decode-only", action="store_true", help="'full': only the batch-1 / 64 decode figures")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if args.tiny:

@@ -14,7 +14,11 @@ step once per shape and replays it:
 
 Inputs live in static device buffers, refreshed before each replay by one non-blocking
 upload; the logits come back in a static buffer that the caller consumes before the next
-replay. Each shape is warmed up eagerly first (which also runs any autotuning), run once
+replay. Block tables are not uploaded whole each step (at 128k context that is 2,048
+entries a sequence, built and copied by the host every step): one device table, a row per
+state slot, is kept by DecodeGraphs and only the entries that changed since the last step
+are written (a sequence gains a block every block_size steps); the captured step gathers
+its rows by slot. Entries past a sequence's own blocks are never read. Each shape is warmed up eagerly first (which also runs any autotuning), run once
 more with host syncs turned into errors (an op that syncs every step, like the native
 fused_experts' per-expert loop, cannot be captured), and then captured. If any of that
 fails the engine says why once and decodes eagerly from then on; platforms without graphs
@@ -66,19 +70,21 @@ def _pow2(n: int) -> int:
 
 
 class _Captured:
-    def __init__(self, model, cache, nb: int, width: int, scratch: tuple, mempool, api):
+    def __init__(self, model, cache, nb: int, width: int, scratch: tuple, table: torch.Tensor, mempool, api):
+        """table: DecodeGraphs' block table [slots, max_blocks] (a row per state slot)."""
         cls, capture, _ = api
         dev = model.device
         self.nb, self.width, self.scratch = nb, width, scratch
         self.bs = bs = cache.block_size
         self.tokens = torch.zeros(nb, dtype=torch.long, device=dev)
-        # cu | slots | starts | seq_lens | slot_mapping | block_table
-        self.meta = torch.zeros(5 * nb + 1 + nb * width, dtype=torch.int32, device=dev)
+        # cu | slots | starts | seq_lens | slot_mapping
+        self.meta = torch.zeros(5 * nb + 1, dtype=torch.int32, device=dev)
         self.meta.copy_(self._host([], [], []))
-        cu, slots, starts, lens, mapping, table = self.meta.split([nb + 1, nb, nb, nb, nb, nb * width])
+        cu, slots, starts, lens, mapping = self.meta.split([nb + 1, nb, nb, nb, nb])
+        self.rows, self.table = slots, table[:, :width]
         self.batch = StepBatch(cu_seqlens=cu, slots=slots, starts=[0] * nb, lengths=[1] * nb, decode=True,
                                starts_dev=starts, context_len=width * bs, seq_lens=lens,
-                               block_table=table.view(nb, width), slot_mapping=mapping, block_size=bs)
+                               slot_mapping=mapping, block_size=bs)
         self.model, self.cache = model, cache
         # Checked mode's host reads of index values would sync (and the padding rows share one
         # scratch slot on purpose): a captured step runs no Python checks, so capture without them.
@@ -91,18 +97,18 @@ class _Captured:
 
     def run(self) -> torch.Tensor:
         """The captured step (a method, not a stored closure: no reference cycle keeps the cache alive)."""
+        self.batch.block_table = self.table.index_select(0, self.rows)          # [nb, width] by slot
         return self.model.step(self.tokens, self.batch, self.cache)
 
     def _host(self, slots: list, starts: list, tables: list) -> torch.Tensor:
         """Host metadata; padding rows decode into the scratch slot / block (position 0)."""
-        nb, width = self.nb, self.width
+        nb = self.nb
         slot0, block0 = self.scratch
         pad = nb - len(slots)
         bs = self.bs
         mapping = [t[s // bs] * bs + s % bs for t, s in zip(tables, starts)] + [block0 * bs] * pad
-        flat = [b for t in tables for b in list(t[:width]) + [block0] * (width - len(t))] + [block0] * (width * pad)
         return torch.tensor(list(range(nb + 1)) + list(slots) + [slot0] * pad + list(starts) + [0] * pad
-                            + [s + 1 for s in starts] + [1] * pad + mapping + flat, dtype=torch.int32)
+                            + [s + 1 for s in starts] + [1] * pad + mapping, dtype=torch.int32)
 
     def replay(self, tokens, slots: list, starts: list, tables: list) -> torch.Tensor:
         """tokens: host ids (a list) or ids already on the device (the last step's samples)."""
@@ -128,6 +134,11 @@ class DecodeGraphs:
         self.api, self.reason = graph_api(model.device)
         self.mempool = self.api[2]() if self.api else None
         self.graphs: dict = {}
+        # the block table of every state slot (the scratch slot's row: the scratch block), and
+        # the host's copy of what each row holds, so a step writes only the entries that changed
+        self.table = torch.full((cache.num_slots, self.max_blocks), scratch[1], dtype=torch.int32,
+                                device=model.device) if self.api else None
+        self.rows: dict = {}
 
     @property
     def enabled(self) -> bool:
@@ -137,7 +148,27 @@ class DecodeGraphs:
         if self.api is None:
             return None
         graph = self._get(_pow2(len(tokens)), max(MIN_CONTEXT, _pow2(max(starts) + 1)))
-        return None if graph is None else graph.replay(tokens, slots, starts, tables)
+        if graph is None:
+            return None
+        self._update_table(slots, tables)
+        return graph.replay(tokens, slots, starts, tables)
+
+    def _update_table(self, slots: list, tables: list) -> None:
+        """Write the entries of the slots' table rows that differ from what the device holds:
+        a sequence's new blocks, or the whole row when the slot has a new owner (or its blocks
+        were given back and taken again). One upload and one scatter, only if anything changed."""
+        at, vals = [], []
+        for slot, t in zip(slots, tables):
+            t = t[:self.max_blocks]
+            have = self.rows.get(slot)
+            k = len(have) if have is not None and len(have) <= len(t) and t[:len(have)] == have else 0
+            if k < len(t):
+                at.extend(range(slot * self.max_blocks + k, slot * self.max_blocks + len(t)))
+                vals.extend(t[k:])
+                self.rows[slot] = list(t)
+        if at:
+            up = alloc.upload(torch.tensor(at + vals, dtype=torch.int32), self.table.device)
+            self.table.view(-1).index_put_((up[:len(at)].long(),), up[len(at):])
 
     def prepare(self, max_batch: int) -> int:
         """Capture every (batch bucket, context bucket) up to max_batch sequences and the longest
@@ -164,7 +195,7 @@ class DecodeGraphs:
         if key not in self.graphs:
             captured, why = None, None
             try:
-                captured = _Captured(self.model, self.cache, nb, width, self.scratch, self.mempool, self.api)
+                captured = _Captured(self.model, self.cache, nb, width, self.scratch, self.table, self.mempool, self.api)
             except Exception as e:  # noqa: BLE001 - report once, decode eagerly from now on
                 why = f"capture failed ({type(e).__name__}: {str(e)[:160]})"
             why = self.agree(why)

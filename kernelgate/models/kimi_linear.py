@@ -146,7 +146,7 @@ def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int 
         fused |= allocate_fused(mod, dtype, device)
     for mod_name, mod in model.named_modules():
         for pname, p in list(mod._parameters.items()):
-            if p is None or id(mod) in fused:
+            if p is None or (id(mod), pname) in fused:
                 continue
             full = f"{mod_name}.{pname}" if mod_name else pname
             want = torch.float32 if full.endswith(FP32_PARAMS) else dtype

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, streams
-from .parallel import SINGLE, column, mark, row
+from .parallel import SINGLE, column, mark, row, stack
 
 
 def _param(*shape, dtype=None) -> nn.Parameter:
@@ -57,12 +57,15 @@ class Router(nn.Module):
         self.e_score_correction_bias = _param(c.num_experts, dtype=torch.float32)
         self.c = c
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor, shared: int = 0):
+        """-> (weights fp32 [T, k + shared], ids int32 [T, k + shared]); `shared` columns give
+        experts E.. unit weight (biased_grouped_topk's fused shared experts; renormalized
+        routing only)."""
         c = self.c
         logits = F.linear(x.float(), self.weight)                   # [T, E] fp32
         return ops.biased_grouped_topk(logits, self.e_score_correction_bias, c.num_experts_per_token,
                                        c.n_group, c.topk_group, c.moe_renormalize,
-                                       c.routed_scaling_factor, c.scoring)
+                                       c.routed_scaling_factor, c.scoring, num_fused_shared_experts=shared)
 
 
 class Experts(nn.Module):
@@ -86,8 +89,15 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts + shared expert; the shared expert runs on a side stream where the
-    platform has one (kernelgate.streams), serially otherwise."""
+    """Routed experts + shared expert.
+
+    One shared expert of the experts' width, renormalized routing, no expert parallel (Kimi
+    Linear, DeepSeek V3): the shared expert is expert E of one stacked weight tensor (its
+    parameters are views into it) and routing gives every token a unit-weight slot for it, so
+    one fused_experts call runs both -- at decode that is one pass over 9 experts' weights
+    instead of the routed kernels plus four small GEMM / elementwise launches. Otherwise the
+    shared expert is a separate MLP on a side stream where the platform has one
+    (kernelgate.streams), serially elsewhere."""
 
     def __init__(self, c, par=SINGLE):
         """Tensor / expert parallel: the router is replicated (every rank routes identically);
@@ -98,8 +108,15 @@ class MoE(nn.Module):
         self.experts = Experts(c, par)
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts, par,
                                   reduce=False) if c.num_shared_experts else None
+        self.stacked = c.num_shared_experts == 1 and c.moe_renormalize and not par.expert_parallel
+        if self.stacked:
+            stack(self, "gate_up", [("experts", "gate_up_proj"), ("shared_experts.gate_up_proj", "weight")])
+            stack(self, "down", [("experts", "down_proj"), ("shared_experts.down_proj", "weight")])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stacked:
+            weights, ids = self.gate(x, shared=1)                   # [T, k + 1]: slot k is expert E
+            return self.par.all_reduce(ops.fused_experts(x, self.gate_up, self.down, weights, ids))
         side = streams.side_stream(x.device) if self.shared_experts is not None else None
         shared = None
         if self.shared_experts is not None:

@@ -92,9 +92,17 @@ def fuse(module: nn.Module, name: str, children: list) -> None:
     module.__dict__.setdefault("_fused", {})[name] = list(children)
 
 
+def stack(module: nn.Module, name: str, parts: list) -> None:
+    """Parameters `parts` ((submodule path, parameter name); each [n, *shape] -- n entries -- or
+    [*shape] -- one) live in one [N, *shape] tensor, buffer `name` of `module`, in order: e.g. the
+    routed experts [E, 2I, D] and the shared expert's [2I, D] as experts 0..E (one grouped GEMM
+    runs both). Each keeps its parameter, a view into the tensor. `build` allocates it."""
+    module.__dict__.setdefault("_stacked", {})[name] = list(parts)
+
+
 def allocate_fused(module: nn.Module, dtype, device) -> set:
-    """Allocate `module`'s fused matrices and make the children's weights views of them ->
-    the parameters now allocated."""
+    """Allocate `module`'s fused matrices and stacked tensors and make the parameters views of
+    them -> the (module id, parameter name) of the parameters now allocated."""
     done = set()
     for name, children in module.__dict__.get("_fused", {}).items():
         mods = [getattr(module, c) for c in children]
@@ -103,7 +111,19 @@ def allocate_fused(module: nn.Module, dtype, device) -> set:
         module.register_buffer(name, buf, persistent=False)
         for m, a, n in zip(mods, [sum(rows[:i]) for i in range(len(rows))], rows):
             m._parameters["weight"] = nn.Parameter(buf[a:a + n], requires_grad=False)
-            done.add(id(m))
+            done.add((id(m), "weight"))
+    for name, parts in module.__dict__.get("_stacked", {}).items():
+        owners = [(module.get_submodule(path), pname) for path, pname in parts]
+        shape = min((m._parameters[pn].shape for m, pn in owners), key=len)   # one entry's shape
+        counts = [m._parameters[pn].shape[0] if m._parameters[pn].dim() > len(shape) else 1 for m, pn in owners]
+        buf = torch.empty(sum(counts), *shape, dtype=dtype, device=device)
+        module.register_buffer(name, buf, persistent=False)
+        a = 0
+        for (m, pn), n in zip(owners, counts):
+            view = buf[a:a + n] if m._parameters[pn].dim() > len(shape) else buf[a]
+            m._parameters[pn] = nn.Parameter(view, requires_grad=False)
+            done.add((id(m), pn))
+            a += n
     return done
 
 
