@@ -64,7 +64,7 @@ def main():
     def prompt(n):
         return torch.randint(0, vocab, (n,), generator=g).tolist()
     for i in range(a.running):
-        eng.add_request(f"r{i}", prompt(a.length), SamplingParams(max_new_tokens=10_000))
+        eng.add_request(f"r{i}", prompt(a.length), SamplingParams(max_new_tokens=2048 - a.length - 8))
     for _ in range(4 if a.running else 0):
         eng.step()
 

@@ -2,12 +2,14 @@
 
     PYTHONPATH=. python bench/fused_experts_gemv_sweep.py
 
-Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16: each launch choice is
-checked against the native reference, then timed in a CUDA graph; the floor is each distinct
-routed expert's weights read once at the measured copy bandwidth.
+Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16 (--shared: the model's
+call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at T = 1, 4, 8):
+each launch choice is checked against the native reference, then timed in a CUDA graph; the
+floor is each distinct expert's weights read once at the measured copy bandwidth.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import torch
@@ -18,17 +20,31 @@ from kernelgate.ops.moe import fused_experts_gemv_triton as gv
 from kernelgate.testing import rel_err
 
 
+def with_shared(args):
+    """The routed experts plus a shared one, stacked as expert E, in a unit-weight last slot."""
+    x, w_gate_up, w_down, topk_w, topk_ids = args
+    E = w_down.shape[0]
+    ids = torch.cat([topk_ids, torch.full_like(topk_ids[:, :1], E)], 1)
+    wts = torch.cat([topk_w, torch.ones_like(topk_w[:, :1])], 1)
+    return (x, torch.cat([w_gate_up, w_gate_up[:1]]), torch.cat([w_down, w_down[:1]]), wts, ids)
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shared", action="store_true")
+    a = ap.parse_args()
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
     default = dict(gv.LAUNCH.get(platform.current().name, gv.LAUNCH["default"]))
-    for T in (1, 4, 16):
+    for T in ((1, 4, 8) if a.shared else (1, 4, 16)):
         gen = torch.Generator(device=dev).manual_seed(0)
         args, kw = fe.make_inputs(T, 2304, 1024, 256, 8, torch.bfloat16, dev, gen)
+        if a.shared:
+            args = with_shared(args)
         floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
         ref = fe.fused_experts_native(*args, **kw)
-        for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32, 64), (256, 512), (4, 8)):
+        for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32), (256, 512), (4, 8)):
             if bi * bk > 16384 or bo * bk > 16384:
                 continue
             gv.LAUNCH[platform.current().name] = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)

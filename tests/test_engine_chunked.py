@@ -46,6 +46,42 @@ def _run(model, prompts, monkeypatch, **knobs):
     return [toks[str(i)] for i in range(len(prompts))], [logits[id(p)] for p in params], kinds
 
 
+@pytest.mark.parametrize("budget", [4096, 33])
+def test_padded_eager_steps_change_nothing(model, monkeypatch, budget):
+    """Eager prefill / mixed steps padded to a few sizes (what every non-CPU device does) by one
+    more sequence in the scratch slot and block: the same tokens and logits as unpadded steps,
+    pure decode steps untouched, and each padded step really ran at its padded size."""
+    prompts = _prompts()                                   # 119 prompt tokens
+    ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    sizes = []
+    real_step = type(model).step
+
+    def spy(self, tokens, batch, cache):
+        sizes.append((tokens.shape[0], batch.decode, batch.num_seqs))
+        return real_step(self, tokens, batch, cache)
+    monkeypatch.setattr(type(model), "step", spy)
+    real_init = model_runner.ModelRunner.__init__
+
+    def padded(self, *a, **k):
+        real_init(self, *a, **k)
+        self.pad_steps = True
+    monkeypatch.setattr(model_runner.ModelRunner, "__init__", padded)
+    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    assert tok == ref_tok
+    for a, b in zip(logits, ref_logits):
+        for x, y in zip(a, b):
+            assert rel_err(x, y) < 1e-5
+    eager = [(t, n) for t, dec, n in sizes if not dec]
+    if budget == 4096:   # one step of all four prompts, padded 119 -> 128 by a fifth sequence
+        assert eager == [(128, 5)], sizes
+    else:                # chunks and mixed steps, each padded to the budget
+        assert "mixed" in kinds and eager and all(t == 33 for t, _ in eager), sizes
+        assert any(n > 1 and t == 33 for t, n in eager)
+    assert any(dec for _, dec, _ in sizes)                 # decode steps ran unpadded
+    assert model_runner.padded_tokens(1, 8192) == 64 and model_runner.padded_tokens(1025, 8192) == 1280
+    assert model_runner.padded_tokens(4097, 8192) == 4608 and model_runner.padded_tokens(7900, 8000) == 8000
+
+
 @pytest.mark.parametrize("budget", [7, 16, 33])
 def test_chunked_equals_unchunked(model, monkeypatch, budget):
     prompts = _prompts()

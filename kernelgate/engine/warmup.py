@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from .. import kernel_cache
+from .model_runner import padded_tokens
 from .sampling import SamplingParams
 
 
@@ -14,7 +15,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     """Run short requests through `engine` (one alone, then a full batch); returns seconds.
     every_shape: also meet the shapes a server's steps will (the server does, so no request
     waits for them): capture every decode graph (`DecodeGraphs.prepare`) and prefill one prompt
-    step of each power-of-two token count up to the token budget, which compiles and autotunes
+    step of each size eager steps are padded to (each power-of-two token count where they are
+    not) up to the token budget, which compiles and autotunes
     the kernels keyed on it (fused_experts autotunes per bucket of token-expert pairs; on an
     H200 a c64 wave whose first 8192-token step met an untuned bucket waited 1.8 s), one step of
     an odd token count, a mixed step (a prompt joining decodes: 0.8 s the first time on an H200),
@@ -57,11 +59,14 @@ def _every_shape(engine, batch: int, log) -> None:
     budget = engine.scheduler.max_num_batched_tokens
     cap = engine.capacity
     longest = min(cap.max_model_len, cap.num_blocks * cap.block_size if cap.block_bytes else cap.max_model_len) - 1
-    # (from 16 tokens: above the decode GEMV's 8; below, mixed steps of a few prompt tokens)
-    sizes, n = [], min(16, budget)
-    while n <= budget and -(-n // max(longest, 1)) <= engine.max_num_seqs:
-        sizes.append(n)
-        n *= 2
+    # (from 16 tokens: above the decode GEMV's 8; below, mixed steps of a few prompt tokens);
+    # where eager steps are padded to a few sizes (model_runner.padded_tokens), every one of them
+    runner = getattr(engine, "runner", None)
+    if getattr(runner, "pad_steps", False):
+        ladder = sorted({padded_tokens(n, budget) for n in range(1, budget + 1)})
+    else:
+        ladder = [1 << i for i in range(4, budget.bit_length()) if 1 << i <= budget] or [budget]
+    sizes = [n for n in ladder if -(-n // max(longest, 1)) <= engine.max_num_seqs]
     # and one odd count: Triton compiles integer arguments divisible by 16 apart from the others
     odd = [sizes[-1] // 2 + 1] if len(sizes) > 1 else []
     biggest = 0

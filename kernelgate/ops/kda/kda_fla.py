@@ -68,9 +68,12 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
         tok, run_cu, idx = dev.split([tok.numel(), len(kept) + 1, len(kept)])
         qr, kr, vr, gr, br = (x.index_select(0, tok) for x in (q, k, v, g, beta))
     h0 = state.index_select(0, idx)                                                       # [Nk, H, K, V]
+    # use_graph: fla builds its chunk list on the device (fixed size, ceil(T / 64) + N - 1 rows,
+    # the unused ones skipped by the kernels) instead of on the host and uploading it with a
+    # blocking copy: without it every eager step waits here for the device to drain
     o, ht = chunk_kda(qr[None], kr[None], vr[None], gr[None].float(), br[None], scale=scale,
                       initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm,
-                      cu_seqlens=run_cu, cu_seqlens_cpu=run_cu_cpu)
+                      cu_seqlens=run_cu, cu_seqlens_cpu=run_cu_cpu, use_graph=True)
     state.index_copy_(0, idx, ht.float())
     if whole:
         return o[0]
