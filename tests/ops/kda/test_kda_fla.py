@@ -39,8 +39,13 @@ def _plain(t):
 def fake_chunk_kda(calls):
     """CPU stand-in for fla.ops.kda.chunk_kda (varlen form, as the wrapper calls it)."""
     def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **extra):
+                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, use_graph=False,
+                  max_num_seqs=None, **extra):
         assert not extra, extra
+        # the chunk list built on the device (no blocking upload per call); fla's graph mode wants
+        # cu_seqlens of exactly max_num_seqs + 1 entries and initial states of max_num_seqs rows
+        assert use_graph is True
+        assert max_num_seqs in (None, cu_seqlens.shape[0] - 1)
         assert q.shape[0] == 1 and cu_seqlens is not None and cu_seqlens.dtype == torch.long
         assert cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type == "cpu"
         bounds = cu_seqlens_cpu.tolist()
