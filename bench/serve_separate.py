@@ -6,6 +6,7 @@ checkpoint in this process afterwards.
     ... --repeat 3                      # three c64 / c1 runs per server, medians
     ... --platform xpu                  # dispatch as on an Intel GPU (simulated: Triton everywhere)
     ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
+    ... --server-args '' '--scheduler-delay-factor 0.5'   # one server run each, with these extra flags
 
 Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
 """
@@ -46,18 +47,21 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--engine", nargs="*", choices=["process", "thread"], default=["process"],
                     help="one server run per value: the engine in its own process, or on a server thread")
+    ap.add_argument("--server-args", nargs="*", default=[""],
+                    help="one server run per value: extra `kernelgate serve` flags ('' for none)")
     ap.add_argument("--no-offline", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="c64 and c1 runs per server (medians reported)")
     ap.add_argument("--platform", help="simulate a platform's dispatch (server and offline), e.g. xpu: Triton everywhere")
     a = ap.parse_args()
     if a.platform:
         os.environ["KERNELGATE_PLATFORM"] = a.platform   # the server inherits it; offline reads it at first dispatch
-    rows = [(mode, serve(a, mode)) for mode in a.engine]
+    rows = [((mode, extra), serve(a, mode, extra)) for mode in a.engine for extra in a.server_args]
     if not a.no_offline:
         off, step1 = offline(a)
-    for si, res in rows:
+    for (si, extra), res in rows:
         c = a.concurrency
-        print(f"\nkernelgate serve{' --platform ' + a.platform if a.platform else ''}, engine in {'its own process' if si == 'process' else 'a server thread'}")
+        print(f"\nkernelgate serve{' --platform ' + a.platform if a.platform else ''}{' ' + extra if extra else ''}, "
+              f"engine in {'its own process' if si == 'process' else 'a server thread'}")
         print("| metric | value | target |\n|---|---:|---|")
         if not a.no_offline:
             print(f"| offline generate() b{c} output tok/s | {off:,.0f} | |\n"
@@ -72,7 +76,7 @@ def main():
               f"| server process start to healthy | {res['server_ready_s']:.1f} s | |")
 
 
-def serve(a, mode="process") -> dict:
+def serve(a, mode="process", extra="") -> dict:
     """Start `kernelgate serve` in its own process, run the client against it, stop it."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -80,6 +84,7 @@ def serve(a, mode="process") -> dict:
     argv = ["kernelgate", "serve", "--model", a.model, "--port", str(port), "--max-num-seqs", str(a.concurrency)]
     if mode == "thread":
         argv.append("--no-engine-process")
+    argv += extra.split()
     # the server's log to a file: a pipe nobody reads would block the server once it fills
     log_path = f"/tmp/kernelgate-serve-{mode}-{port}.log"
     logf = open(log_path, "w")

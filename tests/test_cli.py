@@ -109,6 +109,7 @@ def test_version(capsys):
     (["run", "--prompt-ids", "5,x"], "--prompt-ids '5,x' must be comma-separated integers"),
     (["serve", "--gpu-memory-utilization", "1.5"], "argument --gpu-memory-utilization: must be a finite number"),
     (["serve", "--max-num-seqs", "0"], "argument --max-num-seqs: must be >= 1, got 0"),
+    (["serve", "--scheduler-delay-factor", "-1"], "argument --scheduler-delay-factor: must be a finite number"),
     (["bench", "serve", "--request-rate", "0"], "argument --request-rate: must be > 0 (or inf), got 0"),
     (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
 ], ids=lambda v: "-".join(v) if isinstance(v, list) else None)

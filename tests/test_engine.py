@@ -65,6 +65,45 @@ def test_requests_join_between_steps(model):
     assert eng.blocks.free_slots == 3 and eng.blocks.free_blocks == eng.capacity.num_blocks
 
 
+def test_admission_delay_groups_arriving_prompts(model):
+    """scheduler_delay_factor (vLLM's): while requests run, waiting prompts join once the oldest
+    has waited factor x the last admitting step's duration -- so prompts arriving over several
+    steps share one (eager) step -- and at once when nothing runs. A fake clock drives it."""
+    from kernelgate.engine.block_manager import BlockManager
+    from kernelgate.engine.scheduler import Request, Scheduler
+    now = [0.0]
+    s = Scheduler(BlockManager(64, 8, 16), max_num_seqs=8, max_num_batched_tokens=1000, max_model_len=512,
+                  delay_factor=1.0, clock=lambda: now[0])
+
+    def step(t):
+        now[0] = t
+        out = s.schedule()
+        s.advance(out)
+        s.resolve(out, [5] * len(out.seqs))
+        return sorted(x.req.request_id for x in out.seqs if x.start == 0)   # admitted this step
+    def add(name, t):
+        now[0] = t
+        s.add(Request(name, [1] * 10, SamplingParams(max_new_tokens=50)))
+    add("a", 0.0)
+    assert step(0.0) == ["a"]                       # nothing runs: at once
+    add("b", 0.030)
+    assert step(0.030) == []                        # the admitting step took 30 ms; b waited 0
+    add("c", 0.040)
+    assert step(0.045) == []                        # b waited 15 ms < 1.0 x 30 ms
+    assert step(0.061) == ["b", "c"]                # 31 ms: both join one step
+    s.delay_factor = 0.0
+    add("d", 0.062)
+    assert step(0.062) == ["d"]                     # factor 0: at once
+    # through the engine: the same tokens as without the delay
+    prompts = _prompts()
+    want = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=(), max_batch=5)
+    eng = Engine(model, max_num_seqs=5, max_model_len=64, scheduler_delay_factor=2.0)
+    got = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=(), engine=eng)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    with pytest.raises(KernelgateError, match="scheduler_delay_factor must be >= 0"):
+        Engine(model, max_num_seqs=2, max_model_len=64, scheduler_delay_factor=-1.0)
+
+
 def test_stop_tokens_and_max_tokens(model):
     prompt = _prompts()[0]
     full = kernelgate.generate(model, [prompt], max_new_tokens=8, stop_token_ids=())[0]

@@ -15,7 +15,8 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
           "float16": "float16", "fp16": "float16", "half": "float16"}
 
 ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "gpu_memory_utilization",
-                "block_size", "num_cache_blocks", "tensor_parallel_size", "enable_expert_parallel")
+                "block_size", "num_cache_blocks", "tensor_parallel_size", "enable_expert_parallel",
+                "scheduler_delay_factor")
 
 
 def dtype(s: str) -> str:
@@ -95,6 +96,9 @@ def add_engine_args(p, max_num_seqs_default: int | None = None) -> None:
     g.add_argument("--num-cache-blocks", type=int_at_least(1), help="pin the number of cache blocks")
     g.add_argument("--tensor-parallel-size", "--tp", type=int_at_least(1), dest="tensor_parallel_size",
                    help="run the model sharded over N processes, one per device (default 1)")
+    g.add_argument("--scheduler-delay-factor", type=float_in(0.0, 1000.0),
+                   help="while requests run, admit new prompts once the oldest waiting one has waited this many "
+                        "times the last admitting step (0: at once; default 0, serve: see its help)")
     g.add_argument("--enable-expert-parallel", action="store_true", default=None,
                    help="with --tp N: each rank holds E/N routed experts instead of a slice of every expert")
 

@@ -42,6 +42,8 @@ def check_engine_args(**kw) -> None:
     for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size"):
         require_int(w, name, kw[name], lo=1)
     require_number(w, "gpu_memory_utilization", kw["gpu_memory_utilization"], lo=0.0, hi=1.0, lo_open=True)
+    if "scheduler_delay_factor" in kw:
+        require_number(w, "scheduler_delay_factor", kw["scheduler_delay_factor"], lo=0.0)
     if kw["num_cache_blocks"] is not None:
         require_int(w, "num_cache_blocks", kw["num_cache_blocks"], lo=1)
     for flag in ("graphs", "async_scheduling"):

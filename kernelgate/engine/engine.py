@@ -56,17 +56,20 @@ class Engine:
                  max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9,
                  block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True,
                  tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
-                 async_scheduling: bool = True):
+                 async_scheduling: bool = True, scheduler_delay_factor: float = 0.0):
         """The knobs have vLLM's names and meanings: sequences in flight, longest prompt + output,
         tokens per step, share of device memory to use, MLA cache block size and a pinned count.
         tensor_parallel_size > 1 (or a model from load_model(..., tensor_parallel_size=N)): the
         model runs sharded over N processes, one per device (kernelgate.distributed);
         enable_expert_parallel splits the routed experts over them instead of each expert.
-        async_scheduling: queue each step before reading the last one's tokens (see `step`)."""
+        async_scheduling: queue each step before reading the last one's tokens (see `step`).
+        scheduler_delay_factor: while requests run, admit waiting prompts only once the oldest has
+        waited this many times the last admitting step's duration (0: at once; scheduler.py)."""
         check_engine_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                           max_num_batched_tokens=max_num_batched_tokens,
                           gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                          num_cache_blocks=num_cache_blocks, graphs=graphs, async_scheduling=async_scheduling)
+                          num_cache_blocks=num_cache_blocks, graphs=graphs, async_scheduling=async_scheduling,
+                          scheduler_delay_factor=scheduler_delay_factor)
         args = (max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_utilization, block_size,
                 num_cache_blocks, graphs)
         if tensor_parallel_size != 1 or enable_expert_parallel or hasattr(model, "make_runner"):
@@ -77,7 +80,8 @@ class Engine:
         self.runner = model.make_runner(*args) if hasattr(model, "make_runner") else ModelRunner(model, *args)
         self.capacity = self.runner.capacity
         self.blocks = BlockManager(self.capacity.num_blocks, self.capacity.num_slots, block_size)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, max_model_len)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
+                                   delay_factor=scheduler_delay_factor)
         self.requests: dict[str, Request] = {}
         self._sent: dict[str, int] = {}
         self.last_step: StepStats | None = None     # the step this call launched (None: none)
