@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-def run(model, ctx: int, B: int, dev, steps: int = 20, prof_steps: int = 10):
+def run(model, ctx: int, B: int, dev, steps: int = 20, prof_steps: int = 10, cprofile: bool = False):
     """-> (wall ms per step, {kernel: device us per step}, device busy us per step)."""
     from kernelgate.engine import Engine, SamplingParams
     vocab = model.config.vocab_size
@@ -37,6 +37,17 @@ def run(model, ctx: int, B: int, dev, steps: int = 20, prof_steps: int = 10):
         eng.step()
     sync()
     wall = (time.perf_counter() - t0) * 1e3 / steps
+    if cprofile:                               # the host's Python per step, by own time
+        import cProfile
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            eng.step()
+        sync()
+        pr.disable()
+        print(f"\n#### host functions, ctx {ctx:,} B{B}, {steps} steps (cProfile)")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(14)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(prof_steps):
@@ -56,6 +67,7 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--cprofile", action="store_true", help="also cProfile the timed steps (host functions)")
     ap.add_argument("--tiny", action="store_true", help="the built-in tiny model on the CPU (smoke run)")
     a = ap.parse_args()
     from kernelgate.models import build, real_width, tiny
@@ -63,7 +75,7 @@ def main():
     model = build(tiny() if a.tiny else real_width(a.layers), dev, torch.bfloat16)
     ctxs = [int(c) for c in a.contexts.split(",")]
     for B in (int(b) for b in a.batches.split(",")):
-        res = {c: run(model, c, B, dev) for c in ctxs}
+        res = {c: run(model, c, B, dev, cprofile=a.cprofile) for c in ctxs}
         print(f"\n### B={B}: " + ", ".join(f"ctx {c:,}: wall {w:.3f} ms/step, device busy {d:.0f} us/step"
                                           for c, (w, _, d) in res.items())
               + f"; ratio {res[ctxs[-1]][0] / res[ctxs[0]][0]:.2f}x")

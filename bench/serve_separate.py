@@ -6,7 +6,7 @@ checkpoint in this process afterwards.
     ... --repeat 3                      # three c64 / c1 runs per server, medians
     ... --platform xpu                  # dispatch as on an Intel GPU (simulated: Triton everywhere)
     ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
-    ... --server-args '' '--scheduler-delay-factor 0.5'   # one server run each, with these extra flags
+    ... --delay-factors 0,0.5           # one server run each, with --scheduler-delay-factor F
 
 Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
 """
@@ -47,15 +47,16 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--engine", nargs="*", choices=["process", "thread"], default=["process"],
                     help="one server run per value: the engine in its own process, or on a server thread")
-    ap.add_argument("--server-args", nargs="*", default=[""],
-                    help="one server run per value: extra `kernelgate serve` flags ('' for none)")
+    ap.add_argument("--delay-factors", default="0",
+                    help="comma list; one server run per value, with --scheduler-delay-factor F")
     ap.add_argument("--no-offline", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="c64 and c1 runs per server (medians reported)")
     ap.add_argument("--platform", help="simulate a platform's dispatch (server and offline), e.g. xpu: Triton everywhere")
     a = ap.parse_args()
     if a.platform:
         os.environ["KERNELGATE_PLATFORM"] = a.platform   # the server inherits it; offline reads it at first dispatch
-    rows = [((mode, extra), serve(a, mode, extra)) for mode in a.engine for extra in a.server_args]
+    rows = [((mode, extra), serve(a, mode, extra)) for mode in a.engine for extra in
+            (f"--scheduler-delay-factor {f}" if float(f) else "" for f in a.delay_factors.split(","))]
     if not a.no_offline:
         off, step1 = offline(a)
     for (si, extra), res in rows:
