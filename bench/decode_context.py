@@ -37,6 +37,19 @@ def run(model, ctx: int, B: int, dev, steps: int = 20, prof_steps: int = 10, cpr
         eng.step()
     sync()
     wall = (time.perf_counter() - t0) * 1e3 / steps
+    graphs = getattr(eng.runner.graphs, "graphs", None) or {}
+    keys = [k for k in graphs if k[0] == 1 << max(0, B - 1).bit_length()]
+    if keys and dev.type == "cuda":            # the captured step alone, replayed back to back
+        g = graphs[max(keys, key=lambda k: k[1])].graph
+        g.replay()
+        sync()
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            g.replay()
+        sync()
+        run.replay_ms = (time.perf_counter() - t1) * 1e3 / steps
+    else:
+        run.replay_ms = float("nan")
     if cprofile:                               # the host's Python per step, by own time
         import cProfile
         import pstats
@@ -53,11 +66,13 @@ def run(model, ctx: int, B: int, dev, steps: int = 20, prof_steps: int = 10, cpr
         for _ in range(prof_steps):
             eng.step()
         sync()
-    per = collections.Counter()
+    per, calls = collections.Counter(), collections.Counter()
     for e in prof.key_averages():
         if e.self_device_time_total > 0:
             per[e.key[:70]] += e.self_device_time_total / prof_steps
+            calls[e.key[:70]] += e.count / prof_steps
     eng.close()
+    run.calls = calls
     return wall, per, sum(per.values())
 
 
@@ -68,6 +83,8 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--cprofile", action="store_true", help="also cProfile the timed steps (host functions)")
+    ap.add_argument("--list", action="store_true",
+                    help="also list every kernel of the first context's step (time, launches per step)")
     ap.add_argument("--tiny", action="store_true", help="the built-in tiny model on the CPU (smoke run)")
     a = ap.parse_args()
     from kernelgate.models import build, real_width, tiny
@@ -75,7 +92,12 @@ def main():
     model = build(tiny() if a.tiny else real_width(a.layers), dev, torch.bfloat16)
     ctxs = [int(c) for c in a.contexts.split(",")]
     for B in (int(b) for b in a.batches.split(",")):
-        res = {c: run(model, c, B, dev, cprofile=a.cprofile) for c in ctxs}
+        res, calls = {}, {}
+        for c in ctxs:
+            res[c] = run(model, c, B, dev, cprofile=a.cprofile)
+            calls[c] = run.calls
+            print(f"ctx {c:,} B{B}: engine step {res[c][0]:.3f} ms, its decode graph replayed alone "
+                  f"{run.replay_ms:.3f} ms", flush=True)
         print(f"\n### B={B}: " + ", ".join(f"ctx {c:,}: wall {w:.3f} ms/step, device busy {d:.0f} us/step"
                                           for c, (w, _, d) in res.items())
               + f"; ratio {res[ctxs[-1]][0] / res[ctxs[0]][0]:.2f}x")
@@ -85,6 +107,12 @@ def main():
         print("|---|" + "---:|" * len(ctxs))
         for k in names[:a.top]:
             print(f"| {k} | " + " | ".join(f"{res[c][1][k]:.1f}" for c in ctxs) + " |")
+        if a.list:
+            first, c0 = res[ctxs[0]][1], ctxs[0]
+            print(f"\n#### every kernel of a step, ctx {c0:,} B{B}: {sum(calls[c0].values()):.0f} launches, "
+                  f"{sum(first.values()):.0f} us\n| kernel | us/step | launches/step |\n|---|---:|---:|")
+            for k in sorted(first, key=lambda k: -first[k]):
+                print(f"| {k} | {first[k]:.1f} | {calls[c0][k]:.0f} |")
 
 
 if __name__ == "__main__":

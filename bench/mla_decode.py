@@ -90,21 +90,26 @@ def timing(dev):
 
 
 SWEEP_SHAPES = ((1, 131072), (8, 32768), (64, 32768))
-# (block_n, num_warps, num_stages, kv_major, ahead): the candidates that compile for sm_90 without
-# spills or with few (--aot), plus the wgmma-only kv-major tile of 64 and one table-ahead loop
-SWEEP_GRID = ((32, 8, 2, False, False), (32, 8, 3, False, False), (16, 8, 3, False, False),
-              (32, 16, 2, False, False), (32, 8, 2, True, False), (32, 8, 3, True, False),
-              (16, 8, 3, True, False), (64, 8, 2, True, False), (64, 16, 2, True, False),
-              (32, 8, 2, False, True))
+# launch choices: (keys, block_n, num_warps, num_stages, kv_major, ahead). The TMA ones compile for
+# sm_90 without spills (--aot), plus the tile of 64 (a small spill) and the pointer kernel's
+# session-5/6 choices (the baseline).
+SWEEP_GRID = (("tma", 32, 8, 3, True, False), ("tma", 32, 8, 4, True, False), ("tma", 16, 8, 6, True, False),
+              ("tma", 16, 4, 4, True, False), ("tma", 64, 8, 2, True, False), ("tma", 32, 8, 3, False, False),
+              ("ptr", 16, 4, 3, True, True), ("ptr", 64, 8, 3, False, True))
+KEYS = ("keys", "block_n", "num_warps", "num_stages", "kv_major", "ahead", "programs")
 
 
 def sweep(dev):
-    """Stage 1: loop shape x tile / warps / stages at the table's program count; stage 2: the best
-    of stage 1 at other program counts (B < 64)."""
+    """Stage 1: every SWEEP_GRID choice at 132 and 264 programs; stage 2: the best of stage 1 at
+    other program counts. Each choice is checked against the native reference first."""
     from kernelgate.ops.mla import mla_decode_triton as T
     base = T.config()
-    grid = [dict(block_n=bn, num_warps=w, num_stages=s, kv_major=km, ahead=ah) for bn, w, s, km, ah in SWEEP_GRID]
+    grid = [dict(zip(KEYS, g), programs=p) for g in SWEEP_GRID for p in (132, 264)]
     print(f"\nsweep (base {base}); graph µs per call\n")
+    g = torch.Generator().manual_seed(1)
+    from kernelgate.ops.mla.mla_decode import make_inputs
+    chk = make_inputs([1000, 4097, 70, 0, 64], H, R, DR, BS, torch.bfloat16, g, 1, dev)
+    ref = registry.get("mla_decode").reference(*chk, SCALE, R)
     for B, ctx in SWEEP_SHAPES:
         q, cache, table, seq = inputs(B, ctx, dev)
         nbytes = decode_bytes(q, cache, seq)
@@ -112,28 +117,30 @@ def sweep(dev):
         def timed(c):
             fn = lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=c)  # noqa: E731
             try:
+                e = rel_err(T.launch(*chk, SCALE, R, cfg=c), ref)
+                if not e < 1e-2:
+                    print(f"  B{B} ctx{ctx} { {k: c[k] for k in KEYS} }: WRONG (rel err {e:.2e})")
+                    return None
                 fn()
                 return graph_us(fn, dev, calls=10) or time_ms(fn, dev) * 1e3
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
-                print(f"  B{B} ctx{ctx} {c}: {type(e).__name__}: {str(e)[:80]}")
+                print(f"  B{B} ctx{ctx} { {k: c[k] for k in KEYS} }: {type(e).__name__}: {str(e)[:80]}")
                 return None
-        rows = [(us, c) for c in ({**base, **g} for g in grid) if (us := timed(c)) is not None]
+        rows = [(us, c) for c in ({**base, **gc} for gc in grid) if (us := timed(c)) is not None]
         rows.sort(key=lambda r: r[0])
         if rows:
             best = rows[0][1]
-            rows += [(us, c) for p in (132, 264, 528, 1056) if p != best["programs"]
-                     for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
+            rows += [(us, c) for p in (66, 396, 528) for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
             rows.sort(key=lambda r: r[0])
-        for us, c in rows[:4]:
-            keys = ("block_n", "num_warps", "num_stages", "kv_major", "ahead", "programs")
+        for us, c in rows[:6]:
             print(f"B{B} ctx{ctx}: {us:.1f} µs, {nbytes / (us * 1e-6) / 1e9 / FLOOR_GBS:.2f} of floor, "
-                  f"splits {T.num_splits(B, table.shape[1], BS, c)}: { {k: c[k] for k in keys} }")
+                  f"splits {T.num_splits(B, table.shape[1], BS, c)}: { {k: c[k] for k in KEYS} }")
         del q, cache, table, seq
         torch.cuda.empty_cache()
 
 
 def aot(cap=90, next_n=1):
-    """Compile _partial_kernel for an NVIDIA target without a GPU; resources from cuobjdump."""
+    """Compile both partial kernels for an NVIDIA target without a GPU; resources from cuobjdump."""
     import os
     import subprocess
     import tempfile
@@ -143,16 +150,19 @@ def aot(cap=90, next_n=1):
     from triton.compiler import ASTSource
 
     from kernelgate.ops.mla import mla_decode_triton as T
-    names = list(T._partial_kernel.arg_names)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    print(f"\nsm_{cap}, H={H} next_n={next_n} R={R} Dr={DR}, bf16\n\n| block_n | warps | stages | kv_major | ahead "
-          "| resources | shared KB | cp.async | mma.sync / wgmma |\n|---|---|---|---|---|---|---:|---|---|")
-    for bn, w, st, km, ah in SWEEP_GRID:
-        const = dict(R=R, DR=DR, RP=R, DRP=DR, MP=H * next_n, BLOCK_N=bn, SPLITS=8, DOT_F32=False, KV_MAJOR=km, AHEAD=ah)
+    print(f"\nsm_{cap}, H={H} next_n={next_n} R={R} Dr={DR}, bf16\n\n| keys | block_n | warps | stages | kv_major "
+          "| ahead | resources | shared KB | TMA / cp.async | mma.sync / wgmma |\n|---|---|---|---|---|---|---|---:|---|---|")
+    for keys, bn, w, st, km, ah in SWEEP_GRID:
+        kern = T._partial_tma_kernel if keys == "tma" else T._partial_kernel
+        names = list(kern.arg_names)
+        const = dict(R=R, DR=DR, DRP=DR, MP=H * next_n, BLOCK_N=bn, DOT_F32=False, KV_MAJOR=km)
+        const.update(dict(RC=256, NC=2) if keys == "tma" else dict(RP=R, AHEAD=ah))
         sig = {n: ("constexpr" if n in const else "*bf16" if n in ("q_ptr", "kv_ptr") else
-                   "*i32" if n in ("bt_ptr", "len_ptr") else "*fp32" if n.endswith("_ptr") else
+                   f"tensordesc<bf16[1, {bn}, 256]>" if n == "desc_c" else f"tensordesc<bf16[1, {bn}, {DR}]>"
+                   if n == "desc_r" else "*i32" if n in ("bt_ptr", "len_ptr") else "*fp32" if n.endswith("_ptr") else
                    "fp32" if n == "qk_scale" else "i32") for n in names}
-        src = ASTSource(T._partial_kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()})
+        src = ASTSource(kern, sig, constexprs={(names.index(k),): v for k, v in const.items()})
         k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=dict(num_warps=w, num_stages=st))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
@@ -160,8 +170,9 @@ def aot(cap=90, next_n=1):
             out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         res = next((ln.split("SHARED")[0].strip() for ln in out.splitlines() if "REG" in ln), "?")
         ptx = k.asm["ptx"]
-        print(f"| {bn} | {w} | {st} | {km} | {ah} | {res} | {k.metadata.shared / 1024:.0f} | {'cp.async' in ptx} | "
-              f"{ptx.count('mma.sync')} / {ptx.count('wgmma.mma_async')} |")
+        print(f"| {keys} | {bn} | {w} | {st} | {km} | {ah} | {res} | {k.metadata.shared / 1024:.0f} | "
+              f"{'cp.async.bulk.tensor' in ptx} / {'cp.async' in ptx} | {ptx.count('mma.sync')} / "
+              f"{ptx.count('wgmma.mma_async')} |")
 
 
 def prefill(dev):

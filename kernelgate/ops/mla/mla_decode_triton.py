@@ -1,5 +1,5 @@
-"""Portable Triton split-KV (flash-decoding) kernel for `mla_decode` (CUDA, ROCm, XPU; CPU
-tensors under TRITON_INTERPRET=1).
+"""Triton split-KV (flash-decoding) kernels for `mla_decode` (CUDA, ROCm, XPU; CPU tensors
+under TRITON_INTERPRET=1).
 
 Grid (sequence n, split s). A program holds the M = next_n * H query rows of its sequence
 (row m = j * H + h: query token j, head h; padded to a power of two >= 16, the tl.dot M axis)
@@ -7,6 +7,14 @@ and walks its share of the sequence's positions in tiles of BLOCK_N: one load of
 latent rows [BLOCK_N, R] (+ the shared-key part [BLOCK_N, Dr]) serves every head, as both the
 keys (scores = q_lat kv^T + q_r k_r^T, [M, BLOCK_N]) and the values (o += p kv, [M, R]);
 R + Dr = 576 is not a power of two, hence the two parts. Online softmax in base 2, fp32.
+
+Two ways to load a tile (launch choice `keys`):
+- "ptr" (`_partial_kernel`, every backend): masked pointer loads, one block-table entry per
+  position, so tiles may span cache blocks.
+- "tma" (`_partial_tma_kernel`, NVIDIA sm_90+): tiles inside one cache block, the tile's rows
+  brought into shared memory by TMA (descriptors over the cache; a box is at most 256 columns,
+  so R is taken in NC <= 2 chunks) and fed to the MMA from there: no pointer tensors, no
+  register pass. A sequence's partial last tile is the only one masked in registers.
 
 The split of a sequence is decided per sequence from its own length (ceil(tiles / splits)
 tiles each), so a wide block table (the engine's max context) does not pile a short
@@ -17,7 +25,8 @@ scratch buffer and `_merge_kernel` combines them by their lse (an empty split wr
 -inf only and is skipped).
 
 Never out of bounds: positions past the length or past the table width are masked, and a
-block id outside [0, num_blocks) is not read (its positions leave the softmax).
+block id outside [0, num_blocks) is not read (its positions leave the softmax; the TMA kernel
+loads such a tile from past the descriptor's end, which reads as zeros).
 Under the interpreter, and for fp32 caches, operands go through fp32 and an IEEE fp32 dot
 (the interpreter's bf16 dot is not reliable); on GPUs bf16 / fp16 tiles feed the MMA
 directly and p is rounded to the cache dtype for the p kv product (as flash attention does).
@@ -36,55 +45,53 @@ from . import paged
 
 OP = "mla_decode"
 # Launch choices by (platform, capability prefix); the first match wins, None matches any.
-# programs: the grid aims at about this many (sequence, split) programs (about 2 per SM / CU);
-# min_split: no split gets fewer than this many positions of the table's capacity (each split
-# writes M x R fp32 partials: 64 KiB for Kimi). Unmeasured starting points: bench/mla_decode.py
-# --sweep times the alternatives on a GPU.
+# programs: the grid aims at about this many (sequence, split) programs (splits per sequence:
+# programs // sequences); min_split: no split gets fewer than this many positions of the table's
+# capacity (each split writes M x R fp32 partials: 64 KiB for Kimi). keys: "tma" takes
+# _partial_tma_kernel where the cache allows (tma_route), else _partial_kernel ("ptr").
+# Unmeasured starting points: bench/mla_decode.py --sweep times the alternatives on a GPU.
 CONFIGS = [
-    # H100/H200, measured (H200, 2026-11-30, bench/mla_decode.py --sweep, CUDA graph): small
-    # batches take 16-token tiles in the kv-major orientation, 4 warps, 3 stages, the table entry
-    # loaded a tile ahead (B1 128k 102.5 us = 0.35 of the floor, was 181.4 with 32 x 8 warps x 2
-    # stages; B8 32k 148.9 us = 0.48, was 285.1); SM_9_LARGE_N below for wide batches.
-    (("cuda", "sm_9"), dict(block_n=16, num_warps=4, num_stages=3, programs=264, min_split=256,
-                            kv_major=True, ahead=True)),
+    # H100/H200: tiles by TMA, kv-major (the p kv product on wgmma, M = 256 latent columns), one
+    # program per SM. Compiled for sm_90 (Triton 3.9, `bench/mla_decode.py --aot`), Kimi shapes:
+    # 240 registers at 8 warps, no spills, 110 KB shared at 3 stages (tiles of 64 spill).
+    (("cuda", "sm_9"), dict(block_n=32, num_warps=8, num_stages=3, programs=132, min_split=256,
+                            kv_major=True, keys="tma")),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
     (("xpu", None), dict(block_n=32, num_warps=8, num_stages=1, programs=256, min_split=256)),
     ((None, None), dict(block_n=32, num_warps=4, num_stages=1, programs=128, min_split=256)),
 ]
-# The merge of the splits: programs of merge_rows query rows x merge_br latent columns (None:
-# all), reading merge_sb splits per step.
-MERGE = dict(merge_rows=1, merge_br=128, merge_sb=16)
-# Loop shape defaults (see _partial_kernel). Compiled for sm_90 without a GPU (Triton 3.9,
-# `bench/mla_decode.py --aot`), Kimi shapes, next_n 1: heads-major 32 x 8 warps x 2 stages takes
-# 239 registers, no spills, 86 KB shared, cp.async tiles, mma.sync; kv-major the same tile puts
-# the p kv product on wgmma (252 registers); tiles of 64 spill in both orientations. With
-# ahead=True Triton did not pipeline the loop (no cp.async), so it is off by default.
-LOOP = dict(kv_major=False, ahead=False)
+# The merge of the splits: programs of merge_rows query rows x merge_br latent columns (None and
+# None: the largest blocks giving about merge_programs programs), reading merge_sb splits per step.
+MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=32)
+# Loop shape defaults (see _partial_kernel). The pointer kernel at Kimi shapes on sm_90 (Triton
+# 3.9, --aot): heads-major 32 x 8 warps x 2 stages takes 239 registers, no spills, cp.async tiles,
+# mma.sync; kv-major puts the p kv product on wgmma (252 registers). With ahead=True Triton did
+# not pipeline the loop (no cp.async), so it is off by default.
+LOOP = dict(kv_major=False, ahead=False, keys="ptr")
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
-# Python time) with short splits, so tests still cross split boundaries.
-INTERPRETER = dict(programs=8, min_split=32, merge_rows=None, merge_br=None, merge_sb=4)
-
-
-# B >= 32 on sm_90: 64-token tiles, heads as the MMA rows, 8 warps, 3 stages, about 4 programs per
-# SM (B64 32k 1,144 us = 0.50 of the floor; 1,250 at 264 programs, the small-batch choice 1,626).
-SM_9_LARGE_N = dict(block_n=64, num_warps=8, num_stages=3, kv_major=False, ahead=True, programs=1056)
+# Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes
+# the TMA kernel (as sm_90 does) wherever the cache's blocks allow it.
+INTERPRETER = dict(programs=8, min_split=32, merge_rows=None, merge_br=None, merge_programs=0, merge_sb=4)
 
 
 def config(plat=None, num_seqs: int = 1) -> dict:
     plat = plat or platform.current()
     for (name, cap), cfg in CONFIGS:
         if name in (None, plat.name) and (cap is None or (plat.capability or "").startswith(cap)):
-            if cap == "sm_9" and num_seqs >= 32:
-                cfg = {**cfg, **SM_9_LARGE_N}
-            return {**MERGE, **LOOP, **cfg, **(INTERPRETER if interpreting() else {})}
+            cfg = {**MERGE, **LOOP, **cfg}
+            if interpreting():
+                cfg.update(INTERPRETER, keys="tma" if plat.name == "cuda" else cfg["keys"])
+            return cfg
     raise AssertionError("unreachable: CONFIGS ends with a catch-all")
 
 
 def num_splits(N: int, max_blocks: int, block_size: int, cfg: dict) -> int:
+    """Splits per sequence: programs // N (a whole number of waves when programs is one per SM),
+    at least 1, at most one per min_split positions of the table."""
     cap = -(-max_blocks * block_size // cfg["min_split"])
-    return max(1, min(-(-cfg["programs"] // max(N, 1)), cap))
+    return max(1, min(cfg["programs"] // max(N, 1), cap))
 
 
 @triton.jit
@@ -97,43 +104,148 @@ def _dot(a, b, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _scores(kv0, kv1, kr, q0, q1, qr, NC: tl.constexpr, DR: tl.constexpr, KV_MAJOR: tl.constexpr,
+            DOT_F32: tl.constexpr):
+    """Raw scores of one tile: latent columns in NC chunks (kv0 | kv1) plus the shared-key part.
+    KV_MAJOR: [BLOCK_N, MP] from q^T operands [cols, MP]; else [MP, BLOCK_N] from q [MP, cols]."""
+    if KV_MAJOR:
+        s = _dot(kv0, q0, DOT_F32)
+        if NC == 2:
+            s += _dot(kv1, q1, DOT_F32)
+        if DR > 0:
+            s += _dot(kr, qr, DOT_F32)
+    else:
+        s = _dot(q0, tl.trans(kv0), DOT_F32)
+        if NC == 2:
+            s += _dot(q1, tl.trans(kv1), DOT_F32)
+        if DR > 0:
+            s += _dot(qr, tl.trans(kr), DOT_F32)
+    return s
+
+
+@triton.jit
+def _visible(t, ok, last, KV_MAJOR: tl.constexpr):
+    """Which (position, query row) pairs count: the position's block is real and row m sees it."""
+    if KV_MAJOR:
+        v = ok[:, None] & (t[:, None] <= last[None, :])
+    else:
+        v = ok[None, :] & (t[None, :] <= last[:, None])
+    return v
+
+
+@triton.jit
+def _update(s, visible, acc0, acc1, m_i, l_i, kv0, kv1, qk_scale, NC: tl.constexpr, KV_MAJOR: tl.constexpr,
+            DOT_F32: tl.constexpr):
+    """One tile of the online softmax (base 2, fp32): rescale the accumulators of latent chunks
+    0 and 1 (acc1 is not touched when NC == 1) and add p kv. On GPUs p is rounded to the cache
+    dtype for the p kv product, as flash attention does. -> (acc0, acc1, m, l)."""
+    if KV_MAJOR:
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)          # a row that saw nothing yet
+        p = tl.exp2(s - m_use[None, :])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        if not DOT_F32:
+            p = p.to(kv0.dtype)
+        acc0 = acc0 * alpha[None, :] + _dot(tl.trans(kv0), p, DOT_F32)
+        if NC == 2:
+            acc1 = acc1 * alpha[None, :] + _dot(tl.trans(kv1), p, DOT_F32)
+    else:
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if not DOT_F32:
+            p = p.to(kv0.dtype)
+        acc0 = acc0 * alpha[:, None] + _dot(p, kv0, DOT_F32)
+        if NC == 2:
+            acc1 = acc1 * alpha[:, None] + _dot(p, kv1, DOT_F32)
+    return acc0, acc1, m_new, l_i
+
+
+@triton.jit
+def _load_q(q_ptr, qrow, mmask, c0, width, CP: tl.constexpr, KV_MAJOR: tl.constexpr):
+    """Query columns c0 .. c0 + width of the program's rows, padded to CP: [CP, MP] (kv-major) or [MP, CP]."""
+    c = tl.arange(0, CP)
+    if KV_MAJOR:
+        x = tl.load(q_ptr + qrow[None, :] + c0 + c[:, None], mask=mmask[None, :] & (c < width)[:, None], other=0.0)
+    else:
+        x = tl.load(q_ptr + qrow[:, None] + c0 + c[None, :], mask=mmask[:, None] & (c < width)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _load_kv(kv_ptr, base, ok, c0, width, CP: tl.constexpr):
+    """Cache columns c0 .. c0 + width of a tile's rows (row bases `base`), padded to CP; rows not ok: 0."""
+    c = tl.arange(0, CP)
+    return tl.load(kv_ptr + base[:, None] + c0 + c[None, :], mask=ok[:, None] & (c < width)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_o(o_ptr, row, acc, l_use, mmask, c0, R, CP: tl.constexpr, KV_MAJOR: tl.constexpr):
+    """o columns c0 .. c0 + CP (those < R) of the program's rows: acc / l."""
+    c = c0 + tl.arange(0, CP)
+    if KV_MAJOR:
+        tl.store(o_ptr + row[None, :] * R + c[:, None], (acc / l_use[None, :]).to(o_ptr.dtype.element_ty),
+                 mask=mmask[None, :] & (c < R)[:, None])
+    else:
+        tl.store(o_ptr + row[:, None] * R + c[None, :], (acc / l_use[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=mmask[:, None] & (c < R)[None, :])
+
+
+@triton.jit
+def _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N: tl.constexpr):
+    """-> (L, start, end): the sequence's length (cut to the table) and this split's positions."""
+    L = tl.load(len_ptr + n)
+    L = tl.minimum(tl.maximum(L, 0), max_blocks * block_size)   # never past the table row
+    per = tl.cdiv(tl.cdiv(L, BLOCK_N), splits)
+    start = sp * per * BLOCK_N
+    return L, start, tl.minimum(start + per * BLOCK_N, L)
+
+
+@triton.jit
+def _finish(o_ptr, lse_ptr, acc0, acc1, m_i, l_i, n, sp, splits, m, mmask, M, R, start, end,
+            RC: tl.constexpr, NC: tl.constexpr, KV_MAJOR: tl.constexpr):
+    """Write the split's lse and its normalised o ([N, splits, M] rows; one split: the output)."""
+    has = l_i > 0.0
+    l_use = tl.where(has, l_i, 1.0)                               # rows that saw nothing: o = 0, lse = -inf
+    lse = tl.where(has, (m_i + tl.log2(l_use)) * 0.6931471805599453, float("-inf"))   # natural log
+    row = (n * splits + sp).to(tl.int64) * M + m
+    tl.store(lse_ptr + row, lse, mask=mmask)
+    # an empty split leaves its o unwritten (the merge skips it by its lse); with one split o = 0
+    if (start < end) | (splits == 1):
+        _store_o(o_ptr, row, acc0, l_use, mmask, 0, R, RC, KV_MAJOR)
+        if NC == 2:
+            _store_o(o_ptr, row, acc1, l_use, mmask, RC, R, RC, KV_MAJOR)
+
+
+@triton.jit
 def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
                     s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
-                    qk_scale,
+                    qk_scale, splits,
                     R: tl.constexpr, DR: tl.constexpr, RP: tl.constexpr, DRP: tl.constexpr, MP: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr,
+                    BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
                     KV_MAJOR: tl.constexpr, AHEAD: tl.constexpr):
-    """KV_MAJOR=False: scores [MP, BLOCK_N] = q kv^T, acc [MP, RP] (heads on the MMA's M axis).
+    """Pointer loads, one table entry per position (tiles may span cache blocks).
+    KV_MAJOR=False: scores [MP, BLOCK_N] = q kv^T, acc [MP, RP] (heads on the MMA's M axis).
     KV_MAJOR=True: the transposes, scores^T = kv q^T [BLOCK_N, MP] and acc^T [RP, MP] += kv^T p^T:
     the MMA's M axis is BLOCK_N / R (>= 64: Hopper's wgmma shapes) instead of the head count.
     AHEAD: the block-table entries of the next tile are loaded one iteration early, so no cache
     load waits on a load of its own iteration (Triton's pipeliner can then prefetch tiles)."""
     n = tl.program_id(0)
     sp = tl.program_id(1)
-    L = tl.load(len_ptr + n)
-    L = tl.minimum(tl.maximum(L, 0), max_blocks * block_size)   # never past the table row
-    tiles = tl.cdiv(L, BLOCK_N)
-    per = tl.cdiv(tiles, SPLITS)
-    start = sp * per * BLOCK_N
-    end = tl.minimum(start + per * BLOCK_N, L)
-
+    L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
     m = tl.arange(0, MP)
     j = m // H
     mmask = m < M
     last = L - next_n + j                                          # last position row m sees
     qrow = (n * next_n + j).to(tl.int64) * s_qt + (m % H) * s_qh
-    r = tl.arange(0, RP)
-    rmask = r < R
-    d = tl.arange(0, DRP)
-    dmask = d < DR
-    if KV_MAJOR:   # q^T [RP, MP], [DRP, MP]
-        qn = tl.load(q_ptr + qrow[None, :] + r[:, None], mask=mmask[None, :] & rmask[:, None], other=0.0)
-        qr = tl.load(q_ptr + qrow[None, :] + R + d[:, None], mask=mmask[None, :] & dmask[:, None], other=0.0)
-        acc = tl.zeros([RP, MP], dtype=tl.float32)
-    else:
-        qn = tl.load(q_ptr + qrow[:, None] + r[None, :], mask=mmask[:, None] & rmask[None, :], other=0.0)
-        qr = tl.load(q_ptr + qrow[:, None] + R + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-        acc = tl.zeros([MP, RP], dtype=tl.float32)
+    qn = _load_q(q_ptr, qrow, mmask, 0, R, RP, KV_MAJOR)          # kv-major: q^T [RP, MP]
+    qr = _load_q(q_ptr, qrow, mmask, R, DR, DRP, KV_MAJOR)
+    acc = tl.zeros([RP, MP] if KV_MAJOR else [MP, RP], dtype=tl.float32)
     m_i = tl.full([MP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([MP], dtype=tl.float32)
     bt_row = bt_ptr + n.to(tl.int64) * s_bt
@@ -150,68 +262,99 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
             blk = tl.load(bt_row + t // block_size, mask=tmask, other=-1)
         ok = tmask & (blk >= 0) & (blk < num_blocks)
         base = blk.to(tl.int64) * s_cb + (t % block_size).to(tl.int64) * s_ct
-        kv = tl.load(kv_ptr + base[:, None] + r[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)   # [BLOCK_N, RP]
-        kr = tl.load(kv_ptr + base[:, None] + R + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
-        if KV_MAJOR:
-            s = _dot(kv, qn, DOT_F32)                                       # [BLOCK_N, MP]
-            if DR > 0:
-                s += _dot(kr, qr, DOT_F32)
-            s = tl.where(ok[:, None] & (t[:, None] <= last[None, :]), s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)          # a row that saw nothing yet
-            p = tl.exp2(s - m_use[None, :])
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            if not DOT_F32:   # the p kv product in the cache dtype (fp32 accumulator), as flash attention
-                p = p.to(kv.dtype)
-            acc = acc * alpha[None, :] + _dot(tl.trans(kv), p, DOT_F32)
-        else:
-            s = _dot(qn, tl.trans(kv), DOT_F32)                             # [MP, BLOCK_N]
-            if DR > 0:
-                s += _dot(qr, tl.trans(kr), DOT_F32)
-            s = tl.where(ok[None, :] & (t[None, :] <= last[:, None]), s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_use[:, None])
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if not DOT_F32:
-                p = p.to(kv.dtype)
-            acc = acc * alpha[:, None] + _dot(p, kv, DOT_F32)
-        m_i = m_new
-
-    has = l_i > 0.0
-    l_use = tl.where(has, l_i, 1.0)                               # rows that saw nothing: o = 0, lse = -inf
-    lse = tl.where(has, (m_i + tl.log2(l_use)) * 0.6931471805599453, float("-inf"))   # natural log
-    row = (n * SPLITS + sp).to(tl.int64) * M + m                 # [N, SPLITS, M] (SPLITS 1: the output rows)
-    tl.store(lse_ptr + row, lse, mask=mmask)
-    if KV_MAJOR:
-        o = acc / l_use[None, :]
-        optr = o_ptr + row[None, :] * R + r[:, None]
-        omask = mmask[None, :] & rmask[:, None]
-    else:
-        o = acc / l_use[:, None]
-        optr = o_ptr + row[:, None] * R + r[None, :]
-        omask = mmask[:, None] & rmask[None, :]
-    if start < end:   # an empty split leaves its o unwritten; the merge skips it by its lse
-        tl.store(optr, o.to(o_ptr.dtype.element_ty), mask=omask)
-    elif SPLITS == 1:
-        tl.store(optr, (o * 0.0).to(o_ptr.dtype.element_ty), mask=omask)
+        kv = _load_kv(kv_ptr, base, ok, 0, R, RP)                 # [BLOCK_N, RP]
+        kr = _load_kv(kv_ptr, base, ok, R, DR, DRP)
+        s = _scores(kv, kv, kr, qn, qn, qr, 1, DR, KV_MAJOR, DOT_F32)
+        acc, _, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc, acc, m_i, l_i, kv, kv, qk_scale,
+                                   1, KV_MAJOR, DOT_F32)
+    _finish(o_ptr, lse_ptr, acc, acc, m_i, l_i, n, sp, splits, m, mmask, M, R, start, end, RP, 1, KV_MAJOR)
 
 
 @triton.jit
-def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M,
-                  R: tl.constexpr, SPLITS: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr):
+def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, lse_ptr,
+                        s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
+                        qk_scale, splits,
+                        R: tl.constexpr, DR: tl.constexpr, RC: tl.constexpr, NC: tl.constexpr, DRP: tl.constexpr,
+                        MP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
+                        KV_MAJOR: tl.constexpr):
+    """Tiles inside one cache block (block_size % BLOCK_N == 0): one table entry per tile, loaded a
+    tile ahead, and the tile's latents by TMA from descriptors over the cache viewed as
+    [num_blocks, block_size, R] (box [1, BLOCK_N, RC], NC boxes: a box is at most 256 wide) and
+    [num_blocks, block_size, Dr] -- into shared memory, the MMA operands, with no register pass.
+    A block id outside the cache loads at row num_blocks: past the descriptor, zero-filled.
+    A sequence's last, partial tile (positions past its length hold anything, NaN included) goes
+    through masked pointer loads instead. Orientation as in _partial_kernel."""
+    n = tl.program_id(0)
+    sp = tl.program_id(1)
+    L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
+    full = tl.maximum(tl.minimum(end, L // BLOCK_N * BLOCK_N), start)   # whole tiles: TMA
+    m = tl.arange(0, MP)
+    j = m // H
+    mmask = m < M
+    last = L - next_n + j
+    qrow = (n * next_n + j).to(tl.int64) * s_qt + (m % H) * s_qh
+    q0 = _load_q(q_ptr, qrow, mmask, 0, tl.minimum(R, RC), RC, KV_MAJOR)
+    q1 = _load_q(q_ptr, qrow, mmask, RC, R - RC, RC, KV_MAJOR)    # (NC == 1: all masked, unused)
+    qr = _load_q(q_ptr, qrow, mmask, R, DR, DRP, KV_MAJOR)
+    acc0 = tl.zeros([RC, MP] if KV_MAJOR else [MP, RC], dtype=tl.float32)
+    acc1 = tl.zeros([RC, MP] if KV_MAJOR else [MP, RC], dtype=tl.float32)
+    m_i = tl.full([MP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([MP], dtype=tl.float32)
+    bt_row = bt_ptr + n.to(tl.int64) * s_bt
+    blk = tl.load(bt_row + start // block_size, mask=start < full, other=0)
+    for t0 in range(start, full, BLOCK_N):
+        blk_n = tl.load(bt_row + (t0 + BLOCK_N) // block_size, mask=t0 + BLOCK_N < full, other=0)
+        inb = (blk >= 0) & (blk < num_blocks)
+        b = tl.where(inb, blk, num_blocks)
+        off = t0 % block_size
+        kv0 = tl.reshape(desc_c.load([b, off, 0]), (BLOCK_N, RC))
+        kv1 = kv0
+        if NC == 2:
+            kv1 = tl.reshape(desc_c.load([b, off, RC]), (BLOCK_N, RC))
+        kr = kv0
+        if DR > 0:
+            kr = tl.reshape(desc_r.load([b, off, 0]), (BLOCK_N, DRP))
+        t = t0 + tl.arange(0, BLOCK_N)
+        s = _scores(kv0, kv1, kr, q0, q1, qr, NC, DR, KV_MAJOR, DOT_F32)
+        ok = (t < full) & inb
+        acc0, acc1, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc0, acc1, m_i, l_i, kv0, kv1,
+                                       qk_scale, NC, KV_MAJOR, DOT_F32)
+        blk = blk_n
+    blk = tl.load(bt_row + full // block_size, mask=full < end, other=0)
+    # the sequence's partial last tile, if this split has it: the same boxes, then the rows past
+    # the length zeroed in registers (they hold anything, NaN included; 0 x NaN would reach o)
+    for t0 in tl.range(full, end, BLOCK_N, num_stages=1):
+        t = t0 + tl.arange(0, BLOCK_N)
+        inb = (blk >= 0) & (blk < num_blocks)
+        ok = (t < end) & inb
+        b = tl.where(inb, blk, num_blocks)
+        off = t0 % block_size
+        kv0 = tl.where(ok[:, None], tl.reshape(desc_c.load([b, off, 0]), (BLOCK_N, RC)), 0.0)
+        kv1 = kv0
+        if NC == 2:
+            kv1 = tl.where(ok[:, None], tl.reshape(desc_c.load([b, off, RC]), (BLOCK_N, RC)), 0.0)
+        kr = kv0
+        if DR > 0:
+            kr = tl.where(ok[:, None], tl.reshape(desc_r.load([b, off, 0]), (BLOCK_N, DRP)), 0.0)
+        s = _scores(kv0, kv1, kr, q0, q1, qr, NC, DR, KV_MAJOR, DOT_F32)
+        acc0, acc1, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc0, acc1, m_i, l_i, kv0, kv1,
+                                       qk_scale, NC, KV_MAJOR, DOT_F32)
+    _finish(o_ptr, lse_ptr, acc0, acc1, m_i, l_i, n, sp, splits, m, mmask, M, R, start, end, RC, NC, KV_MAJOR)
+
+
+@triton.jit
+def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
+                  R: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr):
     """Program (sequence n, block of ROWS query rows, block of BR latent columns): two passes over
     the splits, SB at a time: the max lse per row, then the lse-weighted sum of the partials."""
     n = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     mmask = m < M
-    first = n.to(tl.int64) * SPLITS * M + m                      # [ROWS] partial rows of split 0
+    first = n.to(tl.int64) * splits * M + m                      # [ROWS] partial rows of split 0
     mx = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, SPLITS, SB):
+    for s0 in range(0, splits, SB):
         ss = s0 + tl.arange(0, SB)
-        ls = tl.load(lsep_ptr + first[None, :] + ss[:, None] * M, mask=(ss < SPLITS)[:, None] & mmask[None, :],
+        ls = tl.load(lsep_ptr + first[None, :] + ss[:, None] * M, mask=(ss < splits)[:, None] & mmask[None, :],
                      other=float("-inf"))                       # [SB, ROWS]
         mx = tl.maximum(mx, tl.max(ls, 0))
     mx_use = tl.where(mx == float("-inf"), 0.0, mx)
@@ -219,10 +362,10 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M,
     rmask = r < R
     den = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BR], dtype=tl.float32)
-    for s0 in range(0, SPLITS, SB):
+    for s0 in range(0, splits, SB):
         ss = s0 + tl.arange(0, SB)
         prow = first[None, :] + ss[:, None] * M                  # [SB, ROWS]
-        ls = tl.load(lsep_ptr + prow, mask=(ss < SPLITS)[:, None] & mmask[None, :], other=float("-inf"))
+        ls = tl.load(lsep_ptr + prow, mask=(ss < splits)[:, None] & mmask[None, :], other=float("-inf"))
         w = tl.exp(ls - mx_use[None, :])                         # 0 for an empty split
         den += tl.sum(w, 0)
         live = (ls > float("-inf"))[:, :, None] & rmask[None, None, :]
@@ -235,6 +378,50 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M,
              mask=mmask[:, None] & rmask[None, :])
     if tl.program_id(2) == 0:
         tl.store(lse_ptr + out_row, tl.where(has, mx + tl.log(den), float("-inf")), mask=mmask)
+
+
+def tma_route(cfg: dict, cache, R: int) -> tuple[str | None, int]:
+    """(why the TMA kernel cannot take this cache, or None; the tile it takes): tiles inside one
+    block, boxes of at most 256 columns (R <= 512), 16-byte aligned bases and rows, 16-bit
+    elements on a GPU (a box of fp32 latents would not fit shared memory with its stages)."""
+    bs, C = cache.shape[1], cache.shape[2]
+    es = cache.element_size()
+    bn = cfg["block_n"]
+    if bs % bn:
+        bn = bs   # a smaller cache block: one tile per block
+    if bn < 16 or bn & (bn - 1):
+        return f"block_size {bs}: no power-of-two tile >= 16 inside a block", bn
+    if not 16 <= R <= 512 or (R * es) % 16:
+        return f"kv_lora_rank {R}: TMA boxes need 16 <= R <= 512 and 16-byte aligned columns", bn
+    if cache.data_ptr() % 16 or (cache.stride(0) * es) % 16 or (cache.stride(1) * es) % 16:
+        return "cache base or strides not 16-byte aligned", bn
+    if es != 2 and not interpreting():
+        return f"{cache.dtype} latents", bn
+    return None, bn
+
+
+def _descriptors(cache, R: int, Dr: int, bn: int, RC: int, DRP: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    nb, bs = cache.shape[0], cache.shape[1]
+    strides = [cache.stride(0), cache.stride(1), 1]
+    desc_c = TensorDescriptor(cache, [nb, bs, R], strides, [1, bn, RC])
+    desc_r = TensorDescriptor(cache[:, :, R:], [nb, bs, Dr], strides, [1, bn, DRP]) if Dr else None
+    return desc_c, desc_r
+
+
+def merge_grid(N: int, M: int, R: int, MP: int, RP: int, cfg: dict) -> tuple[int, int]:
+    """(query rows, latent columns) per merge program: cfg's, or (None) the largest blocks that
+    still give about merge_programs programs."""
+    rows, br = cfg["merge_rows"], cfg["merge_br"]
+    if rows is None and br is None and cfg.get("merge_programs"):
+        rows, br = MP, RP
+        while N * triton.cdiv(M, rows) * triton.cdiv(R, br) < cfg["merge_programs"] and (rows > 1 or br > 32):
+            if br > 32:
+                br //= 2
+            else:
+                rows //= 2
+        return rows, br
+    return min(rows or MP, MP), min(br or RP, RP)
 
 
 def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, return_lse=False, cfg=None):
@@ -262,19 +449,27 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
         o_part = torch.empty((N, splits, M, R), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((N, splits, M), dtype=torch.float32, device=q.device)
     RP, MP = max(16, triton.next_power_of_2(R)), max(16, triton.next_power_of_2(M))
+    DRP = max(16, triton.next_power_of_2(max(Dr, 1)))
     dot_f32 = interpreting() or cache.dtype == torch.float32
-    _partial_kernel[(N, splits)](
-        q, cache, block_table, seq_lens, o_part, lse_part,
-        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
-        nb, max_blocks, bs, next_n, H, M, scale * math.log2(math.e),
-        R=R, DR=Dr, RP=RP, DRP=max(16, triton.next_power_of_2(max(Dr, 1))), MP=MP, BLOCK_N=cfg["block_n"], SPLITS=splits, DOT_F32=dot_f32,
-        KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    common = (q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
+              nb, max_blocks, bs, next_n, H, M, scale * math.log2(math.e), splits)
+    why, bn = tma_route(cfg, cache, R) if cfg.get("keys") == "tma" else ("keys", 0)
+    if why is None:
+        RC = min(RP, 256)
+        desc_c, desc_r = _descriptors(cache, R, Dr, bn, RC, DRP)
+        _partial_tma_kernel[(N, splits)](
+            q, cache, desc_c, desc_r, block_table, seq_lens, o_part, lse_part, *common,
+            R=R, DR=Dr, RC=RC, NC=RP // RC, DRP=DRP, MP=MP, BLOCK_N=bn, DOT_F32=dot_f32,
+            KV_MAJOR=cfg["kv_major"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    else:
+        _partial_kernel[(N, splits)](
+            q, cache, block_table, seq_lens, o_part, lse_part, *common,
+            R=R, DR=Dr, RP=RP, DRP=DRP, MP=MP, BLOCK_N=cfg["block_n"], DOT_F32=dot_f32,
+            KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
-        rows = min(cfg["merge_rows"] or MP, MP)
-        br = min(cfg["merge_br"] or RP, RP)
+        rows, br = merge_grid(N, M, R, MP, RP, cfg)
         _merge_kernel[(N, triton.cdiv(M, rows), triton.cdiv(R, br))](
-            o_part, lse_part, o, lse, M, R=R, SPLITS=splits, ROWS=rows, BR=br,
+            o_part, lse_part, o, lse, M, splits, R=R, ROWS=rows, BR=br,
             SB=min(cfg["merge_sb"], triton.next_power_of_2(splits)), num_warps=4)
     return (o, lse) if return_lse else o
 

@@ -228,11 +228,73 @@ def test_launch_choices_follow_the_platform():
     h200 = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"))
     mi300 = T.config(dataclasses.replace(here, name="rocm", capability="gfx942"))
     xpu = T.config(dataclasses.replace(here, name="xpu", capability=None))
-    assert (h200["block_n"], h200["num_warps"], h200["num_stages"], h200["kv_major"]) == (16, 4, 3, True)
-    wide = T.config(dataclasses.replace(here, name="cuda", capability="sm_90"), num_seqs=64)
-    assert (wide["block_n"], wide["num_warps"], wide["kv_major"]) == (64, 8, False)    # B >= 32
-    assert T.config(dataclasses.replace(here, name="rocm", capability="gfx942"), num_seqs=64) == mi300
+    if not platform.interpreting():   # (the interpreter runs TMA for any simulated CUDA)
+        a100 = T.config(dataclasses.replace(here, name="cuda", capability="sm_80"))
+        assert (a100["keys"], mi300["keys"], xpu["keys"]) == ("ptr", "ptr", "ptr")
+    assert (h200["keys"], h200["block_n"], h200["num_warps"], h200["kv_major"]) == ("tma", 32, 8, True)
     assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
-    assert T.num_splits(1, 2048, 64, dict(programs=264, min_split=256)) == 264      # B1 128k: fill the GPU
-    assert T.num_splits(64, 2048, 64, dict(programs=264, min_split=256)) == 5
+    assert T.num_splits(1, 2048, 64, dict(programs=132, min_split=256)) == 132      # B1 128k: one per SM
+    assert T.num_splits(64, 2048, 64, dict(programs=132, min_split=256)) == 2       # 128 programs: one wave
+    assert T.num_splits(200, 2048, 64, dict(programs=132, min_split=256)) == 1
     assert T.num_splits(1, 3, 16, dict(programs=264, min_split=256)) == 1            # short table: one split
+
+
+def test_tma_route_reasons():
+    from kernelgate.ops.mla import mla_decode_triton as T
+    cfg = dict(block_n=32)
+    bf = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    assert T.tma_route(cfg, bf, 512) == (None, 32)
+    assert T.tma_route(cfg, bf[:, :16], 512) == (None, 16)                   # a block of 16: tiles of 16
+    assert "block_size 8" in T.tma_route(cfg, bf[:, :8], 512)[0]
+    assert "kv_lora_rank 640" in T.tma_route(cfg, torch.zeros(4, 64, 704, dtype=torch.bfloat16), 640)[0]
+    assert "kv_lora_rank 12" in T.tma_route(cfg, torch.zeros(4, 64, 28, dtype=torch.bfloat16), 12)[0]
+    assert "aligned" in T.tma_route(cfg, torch.zeros(4, 64, 580, dtype=torch.bfloat16)[:, :, 1:], 512)[0]
+
+
+@pytest.mark.parametrize("kv_major", [False, True], ids=["heads-major", "kv-major"])
+@pytest.mark.parametrize("R,Dr,next_n", [(32, 16, 1), (320, 64, 2), (64, 0, 1)], ids=["R32-Dr16", "R320-Dr64-nn2", "R64-Dr0"])
+def test_triton_tma_tiles(kv_major, R, Dr, next_n):
+    # the TMA kernel: whole tiles by descriptor (R > 256: two boxes per tile), a sequence's partial
+    # last tile masked (the cache past each length is NaN), an empty sequence, a sequence of whole
+    # tiles only, splits that start past the length; fp32, against the expanded float64 reference
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([37, 64, 0, 5, 33], [next_n] * 5, 3, R, Dr, 8, 8, 16, torch.float32, seed=3)
+    cfg = dict(T.config(), keys="tma", block_n=16, kv_major=kv_major, splits=3)
+    assert T.tma_route(cfg, pb.cache, R)[0] is None
+    o, lse = _launch(pb.absorbed_q(torch.float32), pb.cache, pb.table, pb.seq_lens, pb.scale, R, next_n=next_n,
+                     return_lse=True, cfg=cfg)
+    assert rel(torch.einsum("thr,hvr->thv", o.double(), pb.w_uv), pb.expanded()) < 2e-5
+    assert torch.isneginf(lse[2 * next_n:3 * next_n]).all() and torch.isfinite(lse[:2 * next_n]).all()
+
+
+@pytest.mark.parametrize("bad_id", [-3, 10**6], ids=["negative", "past-the-cache"])
+def test_triton_tma_skips_out_of_range_blocks(bad_id):
+    # a whole tile whose table entry is outside the cache: read from past the descriptor (zeros),
+    # its positions out of the softmax -- the same result as the pointer kernel's
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([40, 9, 5], [1, 1, 1], 2, 16, 16, 8, 8, 16, torch.float32)
+    cache = pb.cache.nan_to_num(0.25)
+    table = pb.table.clone()
+    table[0, 1] = bad_id                                          # positions 16..31: a whole tile
+    q = pb.absorbed_q(torch.float32)
+    cfg = dict(T.config(), keys="tma", block_n=16, kv_major=True, splits=2)
+    o = _launch(q, cache, table, pb.seq_lens, pb.scale, 16, cfg=cfg)
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[16:32] = False
+    assert rel(o[0, 0], _absorbed_f64(q[0, 0], pb.latents[0], pb.scale, 16, keep)) < 1e-5
+    assert rel(o[1:], _launch(q, cache, table, pb.seq_lens, pb.scale, 16, cfg=dict(cfg, keys="ptr"))[1:]) < 1e-6
+
+
+def test_merge_grid_spreads_the_splits():
+    # the GPU's merge: blocks as large as still give ~merge_programs programs; the result matches
+    from kernelgate.ops.mla import mla_decode_triton as T
+    assert T.merge_grid(1, 32, 512, 32, 512, dict(merge_rows=None, merge_br=None, merge_programs=528)) == (1, 32)
+    assert T.merge_grid(64, 32, 512, 32, 512, dict(merge_rows=None, merge_br=None, merge_programs=528)) == (32, 32)
+    assert T.merge_grid(64, 32, 512, 32, 512, dict(merge_rows=1, merge_br=128, merge_programs=528)) == (1, 128)
+    pb = Problem([100, 30], [1, 1], 4, 64, 16, 8, 8, 8, torch.float32)
+    q = pb.absorbed_q(torch.float32)
+    ref = registry.get(OP).reference(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 64, return_lse=True)
+    cfg = dict(T.config(), keys="ptr", splits=5, merge_rows=None, merge_br=None, merge_programs=12, merge_sb=2)
+    assert T.merge_grid(2, 4, 64, 16, 64, cfg) == (1, 32)                     # 16 programs
+    o, lse = _launch(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 64, return_lse=True, cfg=cfg)
+    assert rel(o, ref[0]) < 1e-5 and rel(lse, ref[1]) < 1e-6
