@@ -239,7 +239,11 @@ def part_prefill(args, model, device):
 
 def part_decode(args, model, device):
     import kernelgate
+    from kernelgate.benchmark import copy_bandwidth
     from kernelgate.engine import Timing
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kimi_e2e import decode_floor
+    gbps = copy_bandwidth(device) if device.type == "cuda" else 100.0
     rows = []
     for ctx in (min(1024, args.long), args.long):
         for B in (1, 8):
@@ -251,10 +255,13 @@ def part_decode(args, model, device):
             steps = [s for s in t.steps if s[0] == "decode"]
             warm = steps[3:] or steps
             ms = 1e3 * sum(s[2] for s in warm) / max(1, len(warm))
-            rows.append([f"{ctx:,}", str(B), f"{ms:.2f}", f"{B * 1e3 / ms:,.0f}", str(len(warm))])
-            print(f"  decode ctx {ctx} B{B}: {ms:.2f} ms/step", flush=True)
-    _table(f"decode step vs context, {model.config.num_hidden_layers} layers, through kernelgate.generate",
-           ["context", "batch", "ms/step", "tok/s", "steps timed"], rows)
+            floor = decode_floor(model, B, ctx, gbps)
+            rows.append([f"{ctx:,}", str(B), f"{ms:.2f}", f"{B * 1e3 / ms:,.0f}", f"{floor:,.0f}: {B * 1e3 / ms / floor:.2f}",
+                         str(len(warm))])
+            print(f"  decode ctx {ctx} B{B}: {ms:.2f} ms/step (byte floor {B * 1e3 / floor:.2f})", flush=True)
+    _table(f"decode step vs context, {model.config.num_hidden_layers} layers, through kernelgate.generate "
+           f"(byte floor at {gbps:,.0f} GB/s)", ["context", "batch", "ms/step", "tok/s", "floor tok/s: of it", "steps timed"],
+           rows)
 
 
 def part_full(args, device):

@@ -34,6 +34,29 @@ def upload(host: torch.Tensor, device) -> torch.Tensor:
     return host.to(device)
 
 
+class Download:
+    """A device tensor's values on their way to the host. The copy is queued now (pinned memory,
+    non-blocking, CUDA / ROCm) behind the work that produces it, and an event marks its end;
+    `tolist()` waits for that event only. A plain `tensor.tolist()` would also wait for all the
+    work queued after it on the stream -- the next engine step, launched before this one is read.
+    Elsewhere the copy is made at once (the device has no pinned memory path here)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event = None
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.Event(device=t.device)
+            self.event.record()
+        else:
+            self.host = t.to("cpu")
+
+    def tolist(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 @contextlib.contextmanager
 def poisoned(on: bool = True):
     saved = _poison[0]

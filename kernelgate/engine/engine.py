@@ -170,7 +170,7 @@ class Engine:
             self.scheduler.advance(out)
             kind = "mixed" if pre and dec else ("prefill" if pre else "decode")
             self.last_step = StepStats(kind, out.num_tokens, len(out.seqs), pre, dec, len(out.preempted))
-            if self.async_scheduling and launched[1]:
+            if self.async_scheduling and launched.rows:
                 self._pending = (out, launched, self.last_step)
             else:
                 self.scheduler.resolve(out, *self.runner.read(out.seqs, launched))
@@ -200,7 +200,7 @@ class Engine:
         """The previous step's device tokens as this step's inputs, or None where they cannot
         serve: every sequence must be a one-token decode of a request whose input is the
         token that step sampled (its placeholder)."""
-        p_out, (toks, rows, _), _ = pending
+        p_out, (toks, rows, *_), _ = pending
         if not rows:
             return None
         row_of = {id(p_out.seqs[i].req): j for j, i in enumerate(rows)}

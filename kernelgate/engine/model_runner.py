@@ -9,6 +9,7 @@ end of its tokens. It never decides who runs.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,16 @@ from .graphs import DecodeGraphs, graph_api
 from .sampling import logprobs_async, read_logprobs, sample_async
 
 log = logging.getLogger("kernelgate.engine")
+
+
+class Launched(NamedTuple):
+    """A queued step's outputs: sampled tokens on the device (-1 where the logits were not
+    finite), the indices of the scheduled sequences that sampled, the logprobs handle (None
+    unless a request asked) and the tokens' copy on its way to the host."""
+    tokens: torch.Tensor | None
+    rows: list
+    logprobs: tuple | None
+    host: alloc.Download | None
 
 
 def padded_tokens(tokens: int, budget: int) -> int:
@@ -73,8 +84,7 @@ class ModelRunner:
         """Queue one step without waiting for the device: seqs: [Scheduled]; fresh: (slots,
         blocks) to zero first; prev: None (the input tokens come from the requests), or the
         previous step's sampled tokens on the device and, per seq, the row holding its input
-        token (None: the same rows) -- the step feeds them back unread. -> (tokens [rows] on the
-        device, -1 where the logits were not finite; rows: the indices of seqs that sampled)."""
+        token (None: the same rows) -- the step feeds them back unread. -> Launched."""
         reqs = [s.req for s in seqs]
         meta = {"fresh": fresh, "lengths": [s.n for s in seqs], "slots": [r.slot for r in reqs],
                 "starts": [s.start for s in seqs], "tables": [list(r.blocks) for r in reqs]}
@@ -89,22 +99,25 @@ class ModelRunner:
         logits = self.run(meta) if tokens is None else self.run(meta, tokens)
         rows = [i for i, s in enumerate(seqs) if s.samples]
         if not rows:
-            return None, rows, None
+            return Launched(None, rows, None, None)
         pick = logits if len(rows) == len(seqs) else logits[alloc.upload(torch.tensor(rows), logits.device)]
         params = [reqs[i].params for i in rows]
         toks = sample_async(pick, params, [reqs[i].generator for i in rows])
-        return toks, rows, logprobs_async(pick, toks, params)     # (None unless a request asked)
+        lp = logprobs_async(pick, toks, params)                 # (None unless a request asked)
+        if lp is not None:
+            lp = (*lp[:2], alloc.Download(lp[2]))
+        return Launched(toks, rows, lp, alloc.Download(toks))
 
-    def read(self, seqs: list, launched) -> tuple:
-        """The tokens of a launched step, read back (waits for it) -> (per seq: the token, None
-        (a chunk that does not reach the end of its tokens) or an error text; per seq: its
-        TokenLogprobs or None)."""
-        toks, rows, lp = launched[0], launched[1], launched[2] if len(launched) > 2 else None
+    def read(self, seqs: list, launched: "Launched") -> tuple:
+        """The tokens of a launched step, read back (waits for that step, not for any launched
+        after it) -> (per seq: the token, None (a chunk that does not reach the end of its
+        tokens) or an error text; per seq: its TokenLogprobs or None)."""
+        rows, lp = launched.rows, launched.logprobs
         out: list = [None] * len(seqs)
         lps: list = [None] * len(seqs)
         if not rows:
             return out, lps
-        toks = toks.tolist()
+        toks = launched.host.tolist()
         for i, t, entry in zip(rows, toks, read_logprobs(lp, toks, [seqs[i].req.params for i in rows])):
             if t < 0:
                 out[i] = f"non-finite logits at position {seqs[i].start + seqs[i].n - 1}"

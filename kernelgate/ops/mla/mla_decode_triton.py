@@ -51,10 +51,14 @@ OP = "mla_decode"
 # _partial_tma_kernel where the cache allows (tma_route), else _partial_kernel ("ptr").
 # Unmeasured starting points: bench/mla_decode.py --sweep times the alternatives on a GPU.
 CONFIGS = [
-    # H100/H200: tiles by TMA, kv-major (the p kv product on wgmma, M = 256 latent columns), one
-    # program per SM. Compiled for sm_90 (Triton 3.9, `bench/mla_decode.py --aot`), Kimi shapes:
-    # 240 registers at 8 warps, no spills, 110 KB shared at 3 stages (tiles of 64 spill).
-    (("cuda", "sm_9"), dict(block_n=32, num_warps=8, num_stages=3, programs=132, min_split=256,
+    # H100/H200: 16-token tiles by TMA, kv-major (the p kv product on wgmma, M = 256 latent
+    # columns), 4 warps, 4 stages, two programs per SM (255 registers, 91 KB shared: Triton 3.9,
+    # `bench/mla_decode.py --aot`). H200, 2026-12-02 (--sweep, graph): B1 128k 76.9 us = 0.47 of
+    # the floor, B8 32k 126.5 us = 0.57, B64 32k 821.5 us = 0.70, against 94-125 us / 145-231 us /
+    # 1,032-1,727 us for the pointer kernel's choices and larger tiles (one program per SM:
+    # each tile's chain of dependent MMAs and softmax is the limit, not the bytes).
+    # min_split 64: a short context still spreads over the GPU (a 1k context took ~25 us in 8 splits).
+    (("cuda", "sm_9"), dict(block_n=16, num_warps=4, num_stages=4, programs=264, min_split=64,
                             kv_major=True, keys="tma")),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
@@ -104,22 +108,24 @@ def _dot(a, b, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _scores(kv0, kv1, kr, q0, q1, qr, NC: tl.constexpr, DR: tl.constexpr, KV_MAJOR: tl.constexpr,
+def _scores(kv0, kv1, kr, q0, q1, qr, qk_scale, NC: tl.constexpr, DR: tl.constexpr, KV_MAJOR: tl.constexpr,
             DOT_F32: tl.constexpr):
-    """Raw scores of one tile: latent columns in NC chunks (kv0 | kv1) plus the shared-key part.
+    """Scaled scores of one tile: latent columns in NC chunks (kv0 | kv1) plus the shared-key
+    part, each product scaled on its own before the sum -- which keeps them independent MMA
+    chains (Triton folds `dot + x` into one dot accumulating onto x: a single K = R + Dr chain).
     KV_MAJOR: [BLOCK_N, MP] from q^T operands [cols, MP]; else [MP, BLOCK_N] from q [MP, cols]."""
     if KV_MAJOR:
-        s = _dot(kv0, q0, DOT_F32)
+        s = _dot(kv0, q0, DOT_F32) * qk_scale
         if NC == 2:
-            s += _dot(kv1, q1, DOT_F32)
+            s += _dot(kv1, q1, DOT_F32) * qk_scale
         if DR > 0:
-            s += _dot(kr, qr, DOT_F32)
+            s += _dot(kr, qr, DOT_F32) * qk_scale
     else:
-        s = _dot(q0, tl.trans(kv0), DOT_F32)
+        s = _dot(q0, tl.trans(kv0), DOT_F32) * qk_scale
         if NC == 2:
-            s += _dot(q1, tl.trans(kv1), DOT_F32)
+            s += _dot(q1, tl.trans(kv1), DOT_F32) * qk_scale
         if DR > 0:
-            s += _dot(qr, tl.trans(kr), DOT_F32)
+            s += _dot(qr, tl.trans(kr), DOT_F32) * qk_scale
     return s
 
 
@@ -134,13 +140,13 @@ def _visible(t, ok, last, KV_MAJOR: tl.constexpr):
 
 
 @triton.jit
-def _update(s, visible, acc0, acc1, m_i, l_i, kv0, kv1, qk_scale, NC: tl.constexpr, KV_MAJOR: tl.constexpr,
+def _update(s, visible, acc0, acc1, m_i, l_i, kv0, kv1, NC: tl.constexpr, KV_MAJOR: tl.constexpr,
             DOT_F32: tl.constexpr):
-    """One tile of the online softmax (base 2, fp32): rescale the accumulators of latent chunks
+    """One tile of the online softmax (s: scaled scores, base 2, fp32): rescale the accumulators of latent chunks
     0 and 1 (acc1 is not touched when NC == 1) and add p kv. On GPUs p is rounded to the cache
     dtype for the p kv product, as flash attention does. -> (acc0, acc1, m, l)."""
     if KV_MAJOR:
-        s = tl.where(visible, s * qk_scale, float("-inf"))
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)          # a row that saw nothing yet
         p = tl.exp2(s - m_use[None, :])
@@ -152,7 +158,7 @@ def _update(s, visible, acc0, acc1, m_i, l_i, kv0, kv1, qk_scale, NC: tl.constex
         if NC == 2:
             acc1 = acc1 * alpha[None, :] + _dot(tl.trans(kv1), p, DOT_F32)
     else:
-        s = tl.where(visible, s * qk_scale, float("-inf"))
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_use[:, None])
@@ -264,8 +270,8 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
         base = blk.to(tl.int64) * s_cb + (t % block_size).to(tl.int64) * s_ct
         kv = _load_kv(kv_ptr, base, ok, 0, R, RP)                 # [BLOCK_N, RP]
         kr = _load_kv(kv_ptr, base, ok, R, DR, DRP)
-        s = _scores(kv, kv, kr, qn, qn, qr, 1, DR, KV_MAJOR, DOT_F32)
-        acc, _, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc, acc, m_i, l_i, kv, kv, qk_scale,
+        s = _scores(kv, kv, kr, qn, qn, qr, qk_scale, 1, DR, KV_MAJOR, DOT_F32)
+        acc, _, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc, acc, m_i, l_i, kv, kv,
                                    1, KV_MAJOR, DOT_F32)
     _finish(o_ptr, lse_ptr, acc, acc, m_i, l_i, n, sp, splits, m, mmask, M, R, start, end, RP, 1, KV_MAJOR)
 
@@ -315,10 +321,10 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
         if DR > 0:
             kr = tl.reshape(desc_r.load([b, off, 0]), (BLOCK_N, DRP))
         t = t0 + tl.arange(0, BLOCK_N)
-        s = _scores(kv0, kv1, kr, q0, q1, qr, NC, DR, KV_MAJOR, DOT_F32)
+        s = _scores(kv0, kv1, kr, q0, q1, qr, qk_scale, NC, DR, KV_MAJOR, DOT_F32)
         ok = (t < full) & inb
         acc0, acc1, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc0, acc1, m_i, l_i, kv0, kv1,
-                                       qk_scale, NC, KV_MAJOR, DOT_F32)
+                                       NC, KV_MAJOR, DOT_F32)
         blk = blk_n
     blk = tl.load(bt_row + full // block_size, mask=full < end, other=0)
     # the sequence's partial last tile, if this split has it: the same boxes, then the rows past
@@ -336,9 +342,9 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
         kr = kv0
         if DR > 0:
             kr = tl.where(ok[:, None], tl.reshape(desc_r.load([b, off, 0]), (BLOCK_N, DRP)), 0.0)
-        s = _scores(kv0, kv1, kr, q0, q1, qr, NC, DR, KV_MAJOR, DOT_F32)
+        s = _scores(kv0, kv1, kr, q0, q1, qr, qk_scale, NC, DR, KV_MAJOR, DOT_F32)
         acc0, acc1, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc0, acc1, m_i, l_i, kv0, kv1,
-                                       qk_scale, NC, KV_MAJOR, DOT_F32)
+                                       NC, KV_MAJOR, DOT_F32)
     _finish(o_ptr, lse_ptr, acc0, acc1, m_i, l_i, n, sp, splits, m, mmask, M, R, start, end, RC, NC, KV_MAJOR)
 
 

@@ -231,7 +231,7 @@ def test_launch_choices_follow_the_platform():
     if not platform.interpreting():   # (the interpreter runs TMA for any simulated CUDA)
         a100 = T.config(dataclasses.replace(here, name="cuda", capability="sm_80"))
         assert (a100["keys"], mi300["keys"], xpu["keys"]) == ("ptr", "ptr", "ptr")
-    assert (h200["keys"], h200["block_n"], h200["num_warps"], h200["kv_major"]) == ("tma", 32, 8, True)
+    assert (h200["keys"], h200["block_n"], h200["num_warps"], h200["kv_major"]) == ("tma", 16, 4, True)
     assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
     assert T.num_splits(1, 2048, 64, dict(programs=132, min_split=256)) == 132      # B1 128k: one per SM
     assert T.num_splits(64, 2048, 64, dict(programs=132, min_split=256)) == 2       # 128 programs: one wave
