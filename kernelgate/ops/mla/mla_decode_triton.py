@@ -67,8 +67,9 @@ CONFIGS = [
     ((None, None), dict(block_n=32, num_warps=4, num_stages=1, programs=128, min_split=256)),
 ]
 # The merge of the splits: programs of merge_rows query rows x merge_br latent columns (None and
-# None: the largest blocks giving about merge_programs programs), reading merge_sb splits per step.
-MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=32)
+# None: the largest blocks giving about merge_programs programs), reading merge_sb splits per step
+# (None: merge_step's choice).
+MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
 # Loop shape defaults (see _partial_kernel). The pointer kernel at Kimi shapes on sm_90 (Triton
 # 3.9, --aot): heads-major 32 x 8 warps x 2 stages takes 239 registers, no spills, cp.async tiles,
 # mma.sync; kv-major puts the p kv product on wgmma (252 registers). With ahead=True Triton did
@@ -351,32 +352,31 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
 @triton.jit
 def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
                   R: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr):
-    """Program (sequence n, block of ROWS query rows, block of BR latent columns): two passes over
-    the splits, SB at a time: the max lse per row, then the lse-weighted sum of the partials."""
+    """Program (sequence n, block of ROWS query rows, block of BR latent columns): one pass over
+    the splits, SB at a time (all of them in one step where SB covers them), rescaling the running
+    sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read."""
     n = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     mmask = m < M
     first = n.to(tl.int64) * splits * M + m                      # [ROWS] partial rows of split 0
-    mx = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, splits, SB):
-        ss = s0 + tl.arange(0, SB)
-        ls = tl.load(lsep_ptr + first[None, :] + ss[:, None] * M, mask=(ss < splits)[:, None] & mmask[None, :],
-                     other=float("-inf"))                       # [SB, ROWS]
-        mx = tl.maximum(mx, tl.max(ls, 0))
-    mx_use = tl.where(mx == float("-inf"), 0.0, mx)
     r = tl.program_id(2) * BR + tl.arange(0, BR)
     rmask = r < R
+    mx = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     den = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BR], dtype=tl.float32)
     for s0 in range(0, splits, SB):
         ss = s0 + tl.arange(0, SB)
         prow = first[None, :] + ss[:, None] * M                  # [SB, ROWS]
         ls = tl.load(lsep_ptr + prow, mask=(ss < splits)[:, None] & mmask[None, :], other=float("-inf"))
-        w = tl.exp(ls - mx_use[None, :])                         # 0 for an empty split
-        den += tl.sum(w, 0)
         live = (ls > float("-inf"))[:, :, None] & rmask[None, None, :]
         o = tl.load(op_ptr + prow[:, :, None] * R + r[None, None, :], mask=live, other=0.0)   # [SB, ROWS, BR]
-        acc += tl.sum(w[:, :, None] * o, 0)
+        mx_new = tl.maximum(mx, tl.max(ls, 0))
+        mx_use = tl.where(mx_new == float("-inf"), 0.0, mx_new)
+        alpha = tl.exp(mx - mx_use)                              # 0 while nothing was seen
+        w = tl.exp(ls - mx_use[None, :])                         # 0 for an empty split
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
+        mx = mx_new
     has = den > 0.0
     den = tl.where(has, den, 1.0)                                # acc is 0 there: o = 0, lse = -inf
     out_row = n.to(tl.int64) * M + m
@@ -430,6 +430,13 @@ def merge_grid(N: int, M: int, R: int, MP: int, RP: int, cfg: dict) -> tuple[int
     return min(rows or MP, MP), min(br or RP, RP)
 
 
+def merge_step(splits: int, rows: int, br: int, cfg: dict) -> int:
+    """Splits a merge program reads per step: merge_sb, or (None) as many as cover them all while
+    a step's [splits, rows, br] fp32 tile stays within 8,192 values (64 registers a thread)."""
+    sb = cfg["merge_sb"] or max(1, 8192 // (rows * br))
+    return min(triton.next_power_of_2(splits), 1 << (sb.bit_length() - 1))   # powers of two
+
+
 def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, return_lse=False, cfg=None):
     """The kernels, without value checks (the bench and tests call this with their own cfg)."""
     cfg = cfg or config(num_seqs=block_table.shape[0])
@@ -476,7 +483,7 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
         rows, br = merge_grid(N, M, R, MP, RP, cfg)
         _merge_kernel[(N, triton.cdiv(M, rows), triton.cdiv(R, br))](
             o_part, lse_part, o, lse, M, splits, R=R, ROWS=rows, BR=br,
-            SB=min(cfg["merge_sb"], triton.next_power_of_2(splits)), num_warps=4)
+            SB=merge_step(splits, rows, br, cfg), num_warps=4)
     return (o, lse) if return_lse else o
 
 

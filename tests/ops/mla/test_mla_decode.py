@@ -291,6 +291,8 @@ def test_merge_grid_spreads_the_splits():
     assert T.merge_grid(1, 32, 512, 32, 512, dict(merge_rows=None, merge_br=None, merge_programs=528)) == (1, 32)
     assert T.merge_grid(64, 32, 512, 32, 512, dict(merge_rows=None, merge_br=None, merge_programs=528)) == (32, 32)
     assert T.merge_grid(64, 32, 512, 32, 512, dict(merge_rows=1, merge_br=128, merge_programs=528)) == (1, 128)
+    assert T.merge_step(264, 1, 32, dict(merge_sb=None)) == 256 and T.merge_step(4, 32, 32, dict(merge_sb=None)) == 4
+    assert T.merge_step(264, 1, 32, dict(merge_sb=48)) == 32                         # a power of two <= merge_sb
     pb = Problem([100, 30], [1, 1], 4, 64, 16, 8, 8, 8, torch.float32)
     q = pb.absorbed_q(torch.float32)
     ref = registry.get(OP).reference(q, pb.cache, pb.table, pb.seq_lens, pb.scale, 64, return_lse=True)
