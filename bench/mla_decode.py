@@ -90,9 +90,9 @@ def timing(dev):
 
 
 SWEEP_SHAPES = ((1, 131072), (8, 32768), (64, 32768))
-# launch choices: (keys, block_n, num_warps, num_stages, kv_major, ahead). The TMA ones compile for
-# sm_90 without spills (--aot), plus the tile of 64 (a small spill) and the pointer kernel's
-# session-5/6 choices (the baseline).
+# launch choices: (keys, block_n, num_warps, num_stages, kv_major, ahead), each at 132 and 264
+# programs: the TMA kernel's sm_90 choice and its neighbours (stages, warps, a 32-token tile,
+# heads-major), and the pointer kernel's session-6 choice (the baseline).
 SWEEP_GRID = (("tma", 16, 4, 4, True, False), ("tma", 16, 4, 3, True, False), ("tma", 16, 4, 5, True, False),
               ("tma", 16, 8, 4, True, False), ("tma", 32, 8, 3, True, False), ("tma", 16, 4, 4, False, False),
               ("ptr", 16, 4, 3, True, True))

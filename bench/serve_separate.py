@@ -172,8 +172,13 @@ def offline(a) -> tuple[float, float]:
         t = Timing()
         t0 = time.perf_counter()
         out = kernelgate.generate(model, ps, max_new_tokens=a.output_len, stop_token_ids=[], engine=engine, timing=t)
+        wall = time.perf_counter() - t0
         steps = [dt for kind, _, dt in t.steps if kind == "decode"]
-        return sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0), statistics.median(steps[1:] or steps)
+        other = [(kind, round(dt * 1e3, 1)) for kind, _, dt in t.steps if kind != "decode"]
+        print(f"offline generate() x{len(ps)}: {wall:.3f} s, {len(steps)} decode steps (median "
+              f"{statistics.median(steps) * 1e3:.2f} ms, max {max(steps) * 1e3:.1f} ms, sum {sum(steps):.3f} s), "
+              f"other steps (kind, ms): {other}", flush=True)
+        return sum(len(r.token_ids) for r in out) / wall, statistics.median(steps[1:] or steps)
     for n in (1, 8, a.concurrency):
         run(prompts[:n])
     tok_s, _ = run(prompts)

@@ -53,10 +53,10 @@ OP = "mla_decode"
 CONFIGS = [
     # H100/H200: 16-token tiles by TMA, kv-major (the p kv product on wgmma, M = 256 latent
     # columns), 4 warps, 4 stages, two programs per SM (255 registers, 91 KB shared: Triton 3.9,
-    # `bench/mla_decode.py --aot`). H200, 2026-12-02 (--sweep, graph): B1 128k 76.9 us = 0.47 of
-    # the floor, B8 32k 126.5 us = 0.57, B64 32k 821.5 us = 0.70, against 94-125 us / 145-231 us /
-    # 1,032-1,727 us for the pointer kernel's choices and larger tiles (one program per SM:
-    # each tile's chain of dependent MMAs and softmax is the limit, not the bytes).
+    # `bench/mla_decode.py --aot`). H200, 2026-12-02 (bench/mla_decode.py, CUDA graph), of the floor:
+    # B1 / B8 / B64 at 32k 0.30 / 0.59 / 0.67, at 128k 0.52 / 0.67 / 0.68; the pointer kernel's best
+    # choices in the same sweep: B1 128k 0.43, B8 32k 0.50, B64 32k 0.56. Larger TMA tiles (one
+    # program per SM) were slower: each tile's chain of dependent MMAs and softmax is the limit.
     # min_split 64: a short context still spreads over the GPU (a 1k context took ~25 us in 8 splits).
     (("cuda", "sm_9"), dict(block_n=16, num_warps=4, num_stages=4, programs=264, min_split=64,
                             kv_major=True, keys="tma")),
