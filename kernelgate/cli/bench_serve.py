@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -149,13 +150,27 @@ def _headers(args) -> dict:
 
 
 async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None, headers: dict,
-                 timeout: float) -> tuple:
+                 timeout: float, ready=None) -> tuple:
     """Send `bodies` at their arrival offsets, at most `concurrency` in flight;
-    -> (outcomes, start, end) on the monotonic clock (one clock for every process)."""
+    -> (outcomes, start, end) on the monotonic clock (one clock for every process).
+    Before the clock starts, as many connections as will be in flight are opened (a GET of
+    /health each) and `await ready()` waits for the other client processes: the load
+    generator's own start-up (imports, TCP connects) is not the server's time."""
     import httpx
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    sem = asyncio.Semaphore(concurrency or max(1, len(bodies)))
+    inflight = min(concurrency or len(bodies), len(bodies))
+    sem = asyncio.Semaphore(inflight)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        health = url.rsplit("/v1/", 1)[0] + "/health"
+        await asyncio.gather(*(client.get(health, headers=headers) for _ in range(inflight)),
+                             return_exceptions=True)   # an unreachable server fails in the run, per request
+        # (this process imported torch with kernelgate: a collection of its oldest generation would
+        # stall every stream it reads for ~0.1 s; freeze what is alive now out of its sight)
+        gc.collect()
+        gc.freeze()
+        if ready is not None:
+            await ready()
+
         async def limited(body):
             async with sem:
                 return await _one(client, url, body, headers)
@@ -171,9 +186,10 @@ async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None
 
 
 def _part(queue, barrier, *drive_args) -> None:
-    """One client process: wait for the others, drive its share, send back what it saw."""
-    barrier.wait()
-    queue.put(asyncio.run(_drive(*drive_args)))
+    """One client process: connect, wait for the others, drive its share, send back what it saw."""
+    async def ready():
+        await asyncio.to_thread(barrier.wait)
+    queue.put(asyncio.run(_drive(*drive_args, ready=ready)))
 
 
 def client_processes(args) -> int:

@@ -85,6 +85,7 @@ def main(args) -> int:
 
     from ..engine.async_engine import AsyncEngine
     from ..engine.core_process import EngineProcess
+    from ..engine.engine import freeze_heap
     from ..server.app import create_app
     from ..server.jobs import ModelInfo
     from ..server.metrics import Metrics
@@ -116,6 +117,7 @@ def main(args) -> int:
     where = "its own process" if args.engine_process else "a thread of the server"
     print(f"kernelgate serve: {got['source']} as {name!r} on http://{args.host}:{args.port}/v1 "
           f"(max_model_len {args.max_model_len}, engine {kw} in {where})", file=sys.stderr, flush=True)
+    freeze_heap()    # this process holds torch and the tokenizer too: no 0.1-0.3 s collection mid-burst
     server.run()
     if not server.started and not got_signal:
         raise KernelgateError(f"serve: could not start on {args.host}:{args.port} (see the log above)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from .. import kernel_cache
+from .engine import freeze_heap
 from .model_runner import padded_tokens
 from .sampling import SamplingParams
 
@@ -42,6 +43,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     secs = time.perf_counter() - t0
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text(f"{secs:.1f} s\n")
+    if getattr(engine, "_froze", False):
+        freeze_heap()     # what the warm-up built (graphs, compiled kernels) is long-lived too
     log(f"kernels ready in {secs:.1f} s")
     return secs
 
