@@ -103,7 +103,7 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
         gens = [deltas(s, Detokenizer(info.tokenizer, j.stop, req.skip_special_tokens))
                 for s, j in zip(streams, jobs)]
 
-        def abort_all():
+        async def abort_all():    # (async: Starlette runs a plain function on its thread pool)
             for s in streams:
                 s.abort()
 
@@ -121,7 +121,7 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
                     task.cancel()
                     return Response(status_code=499)
         finally:
-            abort_all()
+            await abort_all()
 
     async def _admit(rid: str, jobs: list) -> list:
         streams = []
