@@ -137,3 +137,41 @@ def test_engine_loop_reports_each_step_and_logs_slow_ones(model, monkeypatch, ca
     out = [o for ev in events if ev[0] == "outputs" for o in ev[1]]
     assert out[-1].finished and sum(len(o.new_token_ids) for o in out) == 3
     assert any("a prefill step of 4 tokens (1 sequence) took" in r.getMessage() for r in caplog.records)
+
+
+def test_engine_loop_timeline_at_debug(model, caplog):
+    """At log level DEBUG the loop logs every step: its start, the requests added before it,
+    its kind, tokens, sequences and duration (bench/serve_separate.py --trace reads them)."""
+    import re
+
+    from kernelgate.engine import core_loop
+    cmds = [[("add", "a", [5, 6, 7], SamplingParams(max_new_tokens=2)),
+             ("add", "b", [9, 8], SamplingParams(max_new_tokens=2))], []]
+
+    def take(block):
+        if cmds:
+            return cmds.pop(0)
+        return [("exit",)] if block else []
+    with caplog.at_level("DEBUG", logger="kernelgate.engine"):
+        core_loop.run_loop(Engine(model, max_num_seqs=2, max_model_len=64), take, lambda evs: None)
+    pat = re.compile(r"kernelgate step: t=[\d.]+ adds=(\d+) kind=(\w+) tokens=(\d+) seqs=(\d+) dt=[\d.]+$")
+    lines = [m.groups() for r in caplog.records if (m := pat.match(r.getMessage()))]
+    assert lines[0] == ("2", "prefill", "5", "2") and lines[1] == ("0", "decode", "2", "2")
+    assert lines[-1][1] == "none" and len(lines) >= 3
+
+
+def test_generate_timing_accounts_for_every_call(model):
+    """Timing.steps has one entry per engine call, the first (which only queued the prefill
+    under async scheduling) as "launch": their sum is the call's wall time but for bookkeeping."""
+    import time
+
+    import kernelgate
+    from kernelgate.engine.generate import Timing
+    t = Timing()
+    t0 = time.perf_counter()
+    out = kernelgate.generate(model, _prompts(3, seed=9), max_new_tokens=5, stop_token_ids=[], timing=t)
+    wall = time.perf_counter() - t0
+    kinds = [k for k, _, _ in t.steps]
+    assert kinds[0] == "launch" and kinds[1] == "prefill" and kinds.count("launch") == 1
+    assert kinds[2:] == ["decode"] * (len(kinds) - 2) and all(len(r.token_ids) == 5 for r in out)
+    assert 0 < sum(s for _, _, s in t.steps) <= wall

@@ -136,6 +136,8 @@ class AsyncEngine:
                 raise RequestRejected(f"engine: request id {request_id!r} is already running")
             self._tracked[request_id] = t
             self.core.send(("add", request_id, t.prompt_ids, params))
+        if log.isEnabledFor(logging.DEBUG):        # with core_loop's step lines: a timeline of arrivals
+            log.debug("kernelgate add: t=%.6f id=%s prompt=%d", t.arrival, request_id, len(t.prompt_ids))
         try:
             await t.admitted
         except asyncio.CancelledError:

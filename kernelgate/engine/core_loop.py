@@ -25,8 +25,11 @@ SLOW_STEP_S = 0.5   # a step this long is logged: every running stream stalled b
 
 
 def run_loop(engine, take, emit) -> None:
-    """take(block) -> list of commands (block: wait for one); emit(list of events)."""
+    """take(block) -> list of commands (block: wait for one); emit(list of events).
+    At log level DEBUG every step is logged with its start (perf_counter, comparable across
+    processes), the requests added before it and what it ran: a timeline of the loop."""
     live: set = set()                      # admitted, not finished
+    trace = log.isEnabledFor(logging.DEBUG)
     try:
         while True:
             events = []
@@ -45,6 +48,7 @@ def run_loop(engine, take, emit) -> None:
                 except Exception as e:  # noqa: BLE001 - a bad request is the client's error, not the loop's
                     events.append(("admitted", rid, str(e) if isinstance(e, KernelgateError)
                                    else f"{type(e).__name__}: {e}"))
+            adds = len(events)
             if events:                      # admissions before the step, which may be long
                 emit(events)
                 events = []
@@ -54,6 +58,11 @@ def run_loop(engine, take, emit) -> None:
                     t0 = time.perf_counter()
                     outs = engine.step()
                     step = _step(engine, time.perf_counter() - t0)
+                    if trace:
+                        st = getattr(engine, "last_step", None)
+                        log.debug("kernelgate step: t=%.6f adds=%d kind=%s tokens=%d seqs=%d dt=%.6f", t0,
+                                  adds, st.kind if st else "none",
+                                  st.tokens if st else 0, st.seqs if st else 0, time.perf_counter() - t0)
                 except Exception as e:  # noqa: BLE001 - fail what was running, keep serving
                     msg = f"engine step failed: {type(e).__name__}: {e}"
                     log.exception("kernelgate: %s", msg)

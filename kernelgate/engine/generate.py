@@ -57,7 +57,8 @@ def generate(model, prompts, max_new_tokens: int = 32, temperature: float = 0.0,
     stop_token_ids None = the config's EOS ids. Request i samples with seed `seed + i`, so
     its tokens do not depend on the other prompts. `progress(n_done_tokens)` is called after
     every step; `timing` (a Timing) collects prefill / decode token counts and seconds (a
-    step with prefill chunks counts as prefill). The engine knobs (vLLM's names; `max_batch`
+    step with prefill chunks counts as prefill; `steps` lists (kind, tokens, seconds) per call,
+    kind "launch" for a call that only queued a step). The engine knobs (vLLM's names; `max_batch`
     and `max_len` are the older names of max_num_seqs and max_model_len) size an `Engine`
     for this call: max_num_seqs defaults to min(16, prompts), max_model_len to the longest
     prompt + max_new_tokens. `engine`: run on an existing Engine instead (knobs ignored).
@@ -125,7 +126,9 @@ def _drive(engine, model, ids, params, progress, timing) -> list[Result]:
             if o.finished:
                 results[i] = o
         stats = engine.read_step            # this call's time is the wait for that step
-        if timing is not None and stats is not None:
+        if timing is not None and stats is None:
+            timing.steps.append(("launch", 0, dt))   # a call that read nothing (queued the first step)
+        elif timing is not None:
             timing.steps.append((stats.kind, stats.tokens, dt))
             if stats.prefill_tokens:
                 timing.prefill_tokens += stats.prefill_tokens
