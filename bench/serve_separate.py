@@ -7,6 +7,9 @@ checkpoint in this process afterwards.
     ... --platform xpu                  # dispatch as on an Intel GPU (simulated: Triton everywhere)
     ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
     ... --delay-factors 0,0.5           # one server run each, with --scheduler-delay-factor F
+    ... --variants none,admission-window-ms=10   # one server run each, with those flags
+    ... --trace                         # the server at log level debug: each c64 run's timeline
+                                        # (arrivals, steps, idle), and the offline run profiled
 
 Targets: c64 output tok/s >= 0.85 x offline b64; c1 ITL p50 <= 1.3 x the offline batch-1 decode step.
 """
@@ -41,7 +44,7 @@ def bench(base: str, conc: int, num: int, a) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="checkpoint folder (default: the built-in tiny model, for a dry run)")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
@@ -49,14 +52,20 @@ def main():
                     help="one server run per value: the engine in its own process, or on a server thread")
     ap.add_argument("--delay-factors", default="0",
                     help="comma list; one server run per value, with --scheduler-delay-factor F")
+    ap.add_argument("--variants", default="none",
+                    help="comma list; one server run per value: 'none' or `kernelgate serve` flags without their "
+                         "dashes, '+'-joined (admission-window-ms=10+scheduler-delay-factor=0.5)")
     ap.add_argument("--no-offline", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="c64 and c1 runs per server (medians reported)")
+    ap.add_argument("--trace", action="store_true", help="timeline of each c64 run from the server's debug log; "
+                    "offline: one more x64 run under cProfile")
     ap.add_argument("--platform", help="simulate a platform's dispatch (server and offline), e.g. xpu: Triton everywhere")
     a = ap.parse_args()
     if a.platform:
         os.environ["KERNELGATE_PLATFORM"] = a.platform   # the server inherits it; offline reads it at first dispatch
-    rows = [((mode, extra), serve(a, mode, extra)) for mode in a.engine for extra in
-            (f"--scheduler-delay-factor {f}" if float(f) else "" for f in a.delay_factors.split(","))]
+    rows = [((mode, f"{extra} {v}".strip()), serve(a, mode, f"{extra} {v}".strip())) for mode in a.engine
+            for extra in (f"--scheduler-delay-factor {f}" if float(f) else "" for f in a.delay_factors.split(","))
+            for v in ("" if v == "none" else " ".join("--" + f for f in v.split("+")) for v in a.variants.split(","))]
     if not a.no_offline:
         off, step1 = offline(a)
     for (si, extra), res in rows:
@@ -82,10 +91,13 @@ def serve(a, mode="process", extra="") -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
-    argv = ["kernelgate", "serve", "--model", a.model, "--port", str(port), "--max-num-seqs", str(a.concurrency)]
+    argv = ["kernelgate", "serve", *(["--model", a.model] if a.model else []), "--port", str(port),
+            "--max-num-seqs", str(a.concurrency)]
     if mode == "thread":
         argv.append("--no-engine-process")
     argv += extra.split()
+    if a.trace:
+        argv += ["--log-level", "debug"]
     # the server's log to a file: a pipe nobody reads would block the server once it fills
     log_path = f"/tmp/kernelgate-serve-{mode}-{port}.log"
     logf = open(log_path, "w")
@@ -137,7 +149,55 @@ def serve(a, mode="process", extra="") -> dict:
         # what the server said of its start-up and of slow steps (kernels met during the run)
         said = [ln.rstrip() for ln in open(log_path) if "kernelgate serve:" in ln or " took " in ln]
         print(f"server log ({log_path}):\n  " + "\n  ".join(said[-20:]), flush=True)
+        if a.trace:
+            timeline(log_path, a.concurrency)
     return res
+
+
+def timeline(log_path: str, conc: int) -> None:
+    """Each run of 2 x conc requests in the server's debug log: when its requests reached the
+    server, the engine steps (every non-decode step listed, decode steps summed) and the time
+    the engine loop stood idle between steps."""
+    import re
+    adds, steps_ = [], []
+    for ln in open(log_path):
+        if m := re.search(r"kernelgate add: t=([\d.]+)", ln):
+            adds.append(float(m.group(1)))
+        elif m := re.search(r"kernelgate step: t=([\d.]+) adds=(\d+) kind=(\w+) tokens=(\d+) seqs=(\d+) dt=([\d.]+)", ln):
+            steps_.append((float(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5)),
+                           float(m.group(6))))
+    runs, cur = [], []
+    for t in sorted(adds):                         # runs: arrivals separated by > 0.3 s of none
+        if cur and t - cur[-1] > 1.0:       # (a bench client takes > 1 s to start)
+            runs.append(cur)
+            cur = []
+        cur.append(t)
+    runs.append(cur)
+    for k, r in enumerate(runs):
+        if len(r) != 2 * conc:
+            continue
+        t0, t1 = r[0], runs[k + 1][0] if k + 1 < len(runs) else float("inf")
+        ss = [s for s in steps_ if t0 - 0.01 <= s[0] < t1]
+        while ss and ss[-1][2] == "none":
+            ss.pop()
+        waves = [r[:conc], r[conc:]]
+        print(f"c{conc} run timeline (ms from its first arrival; {len(ss)} steps):")
+        for i, w in enumerate(waves):
+            print(f"  wave {i + 1}: arrivals {(w[0] - t0) * 1e3:.1f} .. {(w[-1] - t0) * 1e3:.1f} "
+                  f"(half by {(w[len(w) // 2] - t0) * 1e3:.1f})")
+        idle = sum(max(0.0, b[0] - (a[0] + a[5])) for a, b in zip(ss, ss[1:]))
+        dec = [s for s in ss if s[2] == "decode"]
+        print(f"  busy {sum(s[5] for s in ss) * 1e3:.1f} ms, idle {idle * 1e3:.1f} ms, run "
+              f"{(ss[-1][0] + ss[-1][5] - t0) * 1e3:.1f} ms; decode steps {len(dec)} "
+              f"({sum(s[5] for s in dec) * 1e3:.1f} ms, seqs {min(s[4] for s in dec)}-{max(s[4] for s in dec)})")
+        print("  | t ms | kind | tokens | seqs | adds before | ms | idle before ms |")
+        prev_end = None
+        for s in ss:
+            gap = 0.0 if prev_end is None else s[0] - prev_end
+            if s[2] != "decode" or gap > 2e-3 or s[1]:
+                print(f"  | {(s[0] - t0) * 1e3:.1f} | {s[2]} | {s[3]} | {s[4]} | {s[1]} | {s[5] * 1e3:.2f} | "
+                      f"{gap * 1e3:.2f} |")
+            prev_end = s[0] + s[5]
 
 
 def steps(base: str) -> dict:
@@ -162,7 +222,11 @@ def offline(a) -> tuple[float, float]:
     import kernelgate
     from kernelgate.engine.engine import Engine
     from kernelgate.engine.generate import Timing
-    model = kernelgate.load_model(a.model)
+    if a.model:
+        model = kernelgate.load_model(a.model)
+    else:
+        from kernelgate.cli.model import builtin_model
+        model = builtin_model()
     V = model.config.vocab_size
     rng = random.Random(0)
     prompts = [[rng.randrange(V) for _ in range(a.input_len)] for _ in range(a.concurrency)]
@@ -183,6 +247,14 @@ def offline(a) -> tuple[float, float]:
         run(prompts[:n])
     tok_s, _ = run(prompts)
     _, step1 = run(prompts[:1])
+    if a.trace:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        run(prompts)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     engine.close()
     return tok_s, step1
 
