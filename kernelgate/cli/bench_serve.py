@@ -165,7 +165,7 @@ async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None
         await asyncio.gather(*(client.get(health, headers=headers) for _ in range(inflight)),
                              return_exceptions=True)   # an unreachable server fails in the run, per request
         # (this process imported torch with kernelgate: a collection of its oldest generation would
-        # stall every stream it reads for ~0.1 s; freeze what is alive now out of its sight)
+        # stall every stream it reads for ~0.1 s; freeze what is alive now out of its sight, until the end)
         gc.collect()
         gc.freeze()
         if ready is not None:
@@ -182,7 +182,9 @@ async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None
                 await asyncio.sleep(wait)
             tasks.append(asyncio.create_task(limited(body)))
         outcomes = await asyncio.gather(*tasks)
-    return outcomes, t0, time.monotonic()
+    t1 = time.monotonic()
+    gc.unfreeze()          # (run in-process, e.g. `cli.main([...])`, the caller's heap is its own again)
+    return outcomes, t0, t1
 
 
 def _part(queue, barrier, *drive_args) -> None:
