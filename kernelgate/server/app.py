@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from ..engine.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
 from .detokenizer import Detokenizer
-from .jobs import ModelInfo, chat_job, completion_jobs
+from .jobs import ModelInfo, chat_jobs, completion_jobs
 from .logprobs import LogprobsFormatter
 from .metrics import Metrics
 from .protocol import APIError, ChatRequest, CompletionRequest, num_logprobs, parse
@@ -92,7 +92,7 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
     async def chat(request: Request):
         auth(request)
         req = parse(ChatRequest, await _json(request))
-        return await _serve(request, req, [chat_job(info, req)], chat=True, echo=False)
+        return await _serve(request, req, chat_jobs(info, req), chat=True, echo=False)
 
     async def _serve(request: Request, req, jobs: list, chat: bool, echo: bool):
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)

@@ -6,7 +6,7 @@ does not fit `max_model_len`, a text prompt for a model without a tokenizer).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine.sampling import SamplingParams
 from ..platform import KernelgateError
@@ -28,6 +28,14 @@ class Job:
     params: SamplingParams
     stop: list
     prompt_text: str | None = None     # what `echo` returns
+    counts_prompt: bool = True         # False for choices 2..n of a prompt (usage counts it once)
+
+
+def _choices(job: Job, n: int) -> list[Job]:
+    """`n` choices of one prompt: choice j samples with seed + j (when seeded)."""
+    seed = job.params.seed
+    return [job] + [replace(job, params=replace(job.params, seed=None if seed is None else seed + j),
+                            counts_prompt=False) for j in range(1, n)]
 
 
 def _check_ids(info: ModelInfo, ids: list, param: str) -> None:
@@ -84,11 +92,11 @@ def completion_jobs(info: ModelInfo, r: CompletionRequest) -> list[Job]:
             text = tok.decode(ids, skip_special_tokens=r.skip_special_tokens) if tok is not None and r.echo else None
         _check_ids(info, ids, param)
         mt = 16 if r.max_tokens is None else r.max_tokens          # OpenAI's default for completions
-        jobs.append(Job(ids, _params(info, r, len(ids), mt, param), stop_strings(r), text))
+        jobs += _choices(Job(ids, _params(info, r, len(ids), mt, param), stop_strings(r), text), r.n)
     return jobs
 
 
-def chat_job(info: ModelInfo, r: ChatRequest) -> Job:
+def chat_jobs(info: ModelInfo, r: ChatRequest) -> list[Job]:
     _check_model(info, r)
     tok = info.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
@@ -101,4 +109,4 @@ def chat_job(info: ModelInfo, r: ChatRequest) -> Job:
     ids = list(tok.encode(text, add_special_tokens=False))
     _check_ids(info, ids, "messages")
     mt = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-    return Job(ids, _params(info, r, len(ids), mt, "messages"), stop_strings(r))
+    return _choices(Job(ids, _params(info, r, len(ids), mt, "messages"), stop_strings(r)), r.n)

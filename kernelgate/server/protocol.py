@@ -6,6 +6,11 @@ never silently ignored. Non-standard fields, as vLLM has them: `top_k`, `stop_to
 the prompt and of each choice), `skip_special_tokens`, `return_tokens_as_token_ids` (logprobs
 name tokens "token_id:N" instead of their text, which is ambiguous for partial characters).
 
+`n` choices per prompt are n requests in the engine (continuous batching runs them side by
+side); with a seed, choice j samples with seed + j, so each is reproducible on its own and
+equals offline generate() with that seed. Choices are indexed prompt-major (prompt i,
+choice j: index i * n + j), as OpenAI orders them; usage counts each prompt once.
+
 Logprobs (completions `logprobs: k`, chat `logprobs: true` + `top_logprobs: k`, k <= 20) are
 the raw model distribution's, before temperature / top-k / top-p, as vLLM reports them.
 `echo` with `logprobs` is refused: prompt tokens' logprobs would need every prompt
@@ -18,6 +23,8 @@ import math
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.sampling import MAX_LOGPROBS
+
+MAX_N = 64       # choices per prompt (`n`): each is a request of its own in the engine
 
 
 class APIError(Exception):
@@ -123,8 +130,10 @@ def _check_common(r: _Sampling) -> None:
         raise bad("top_k", f"must be -1 or 0 (off) or a positive count, got {r.top_k}")
     if r.seed is not None and not -2**63 <= r.seed < 2**64:
         raise bad("seed", f"must fit in 64 bits, got {r.seed}")
-    if r.n != 1:
-        raise bad("n", f"only n=1 is supported, got {r.n}")
+    if not 1 <= r.n <= MAX_N:
+        raise bad("n", f"must be in [1, {MAX_N}], got {r.n}")
+    if r.seed is not None and r.seed + r.n - 1 >= 2**64:
+        raise bad("seed", f"seed + n - 1 must fit in 64 bits (choice j samples with seed + j), got {r.seed}")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(r, name) != 0:
             raise bad(name, "is not supported (must be 0)")
@@ -139,8 +148,8 @@ def _check_common(r: _Sampling) -> None:
                               "computed); send echo or logprobs, not both")
         if r.suffix is not None:
             raise bad("suffix", "is not supported")
-        if r.best_of not in (None, 1):
-            raise bad("best_of", f"only best_of=1 is supported, got {r.best_of}")
+        if r.best_of not in (None, r.n):
+            raise bad("best_of", f"only best_of = n is supported (no extra candidates), got {r.best_of} with n={r.n}")
     if isinstance(r, ChatRequest):
         if r.top_logprobs is not None:
             if not 0 <= r.top_logprobs <= MAX_LOGPROBS:

@@ -112,7 +112,7 @@ class Responder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def usage(self) -> dict:
-        p = sum(len(j.prompt_ids) for j in self.jobs)
+        p = sum(len(j.prompt_ids) for j in self.jobs if j.counts_prompt)
         return {"prompt_tokens": p, "completion_tokens": self.completion_tokens,
                 "total_tokens": p + self.completion_tokens}
 

@@ -153,6 +153,34 @@ def test_seeded_sampling_is_reproducible_and_matches_offline(client, model):
     assert a != c
 
 
+def test_n_choices_match_offline_per_seed(client, model):
+    """n choices of each prompt: choice j equals offline generate() with seed + j; greedy choices
+    are all the greedy output; indexes are prompt-major; usage counts each prompt once; a stream
+    carries every choice's tokens under its index."""
+    prompts = [[7, 8, 9], [40, 41]]
+    kw = dict(model=BUILTIN, max_tokens=N_TOKENS, temperature=0.9, top_p=0.95, extra_body={"return_token_ids": True})
+    r = client.completions.create(prompt=prompts, n=3, seed=500, **kw)
+    assert [c.index for c in r.choices] == list(range(6))
+    for i, p in enumerate(prompts):
+        want = [offline(model, p, temperature=0.9, top_p=0.95, seed=500 + j) for j in range(3)]
+        assert [c.token_ids for c in r.choices[3 * i:3 * i + 3]] == want
+    assert len({tuple(c.token_ids) for c in r.choices[:3]}) > 1            # the choices differ
+    assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == sum(len(c.token_ids) for c in r.choices)
+
+    g = client.chat.completions.create(model=BUILTIN, messages=[{"role": "user", "content": "Hi"}], n=2,
+                                       max_tokens=N_TOKENS, temperature=0)
+    want = text_of(model, offline(model, _chat_ids(model, [{"role": "user", "content": "Hi"}]), temperature=0.0))
+    assert [c.index for c in g.choices] == [0, 1] and [c.message.content for c in g.choices] == [want, want]
+
+    chunks = list(client.completions.create(prompt=prompts[0], n=2, seed=500, stream=True,
+                                            stream_options={"include_usage": True}, **kw))
+    got = {0: [], 1: []}
+    for c in chunks[:-1]:
+        got[c.choices[0].index] += c.choices[0].token_ids
+    assert got == {j: offline(model, prompts[0], temperature=0.9, top_p=0.95, seed=500 + j) for j in (0, 1)}
+    assert chunks[-1].usage.prompt_tokens == 3 and chunks[-1].usage.completion_tokens == len(got[0]) + len(got[1])
+
+
 def test_stop_string_cuts_exactly(client, model):
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
     full = text_of(model, offline(model, ids, 32, temperature=0.0, stop_token_ids=[]))
@@ -204,7 +232,10 @@ BAD = [
     ("string stream", {"prompt": "hi", "stream": "yes"}, "stream", "valid boolean"),
     ("token id outside vocab", {"prompt": [1, 512]}, "prompt", "[0, 512)"),
     ("empty prompt", {"prompt": ""}, "prompt", "must not be empty"),
-    ("n=2", {"prompt": "hi", "n": 2}, "n", "only n=1"),
+    ("n=0", {"prompt": "hi", "n": 0}, "n", "must be in [1, 64], got 0"),
+    ("n above 64", {"prompt": "hi", "n": 65}, "n", "must be in [1, 64], got 65"),
+    ("seed + n past 64 bits", {"prompt": "hi", "n": 2, "seed": 2**64 - 1}, "seed", "seed + n - 1 must fit"),
+    ("best_of above n", {"prompt": "hi", "n": 2, "best_of": 3}, "best_of", "only best_of = n"),
     ("logprobs above 20", {"prompt": "hi", "logprobs": 21}, "logprobs", "must be in [0, 20], got 21"),
     ("echo with logprobs", {"prompt": "hi", "echo": True, "logprobs": 1}, "echo", "echo with logprobs is not"),
     ("empty stop", {"prompt": "hi", "stop": [""]}, "stop", "non-empty"),
