@@ -15,7 +15,7 @@ The native reference is timed at B <= 8 only (it loops over sequences on the hos
              and time it for an 8k chunk after 24k / 120k of context
   --aot      no GPU needed: compile the kernel for sm_90 (Kimi shapes) at each SWEEP_GRID choice
              and print registers, spills (stack bytes), shared memory and the MMA kind
-Runs in about a minute on an H200 (--sweep adds one or two: 10 launch choices x 3 shapes).
+Runs in about a minute on an H200 (--sweep adds a few: 8 launch choices x 6 shapes).
 """
 from __future__ import annotations
 
@@ -89,14 +89,14 @@ def timing(dev):
         torch.cuda.empty_cache()
 
 
-SWEEP_SHAPES = ((1, 131072), (8, 32768), (64, 32768))
-# launch choices: (keys, block_n, num_warps, num_stages, kv_major, ahead), each at 132 and 264
-# programs: the TMA kernel's sm_90 choice and its neighbours (stages, warps, a 32-token tile,
-# heads-major), and the pointer kernel's session-6 choice (the baseline).
-SWEEP_GRID = (("tma", 16, 4, 4, True, False), ("tma", 16, 4, 3, True, False), ("tma", 16, 4, 5, True, False),
-              ("tma", 16, 8, 4, True, False), ("tma", 32, 8, 3, True, False), ("tma", 16, 4, 4, False, False),
-              ("ptr", 16, 4, 3, True, True))
-KEYS = ("keys", "block_n", "num_warps", "num_stages", "kv_major", "ahead", "programs")
+SWEEP_SHAPES = tuple((B, ctx) for ctx in CTXS for B in BATCHES)
+# launch choices: (keys, block_n, num_warps, num_stages, kv_major, ahead, prefetch), each at 132
+# and 264 programs: 64-token kv-major TMA tiles (every product on wgmma; 2 stages of 72 KB: one
+# program per SM; 1 stage computed wrong results under Triton 3.6 on an H200, so it is not swept)
+# with L2 prefetch 0-4 tiles ahead, and the session-12 choice (16-token tiles, two programs per SM).
+SWEEP_GRID = (("tma", 64, 4, 2, True, False, 0), ("tma", 64, 4, 2, True, False, 2), ("tma", 64, 4, 2, True, False, 3),
+              ("tma", 64, 4, 2, True, False, 4), ("tma", 16, 4, 4, True, False, 0))
+KEYS = ("keys", "block_n", "num_warps", "num_stages", "kv_major", "ahead", "prefetch", "programs")
 
 
 def sweep(dev):
@@ -152,12 +152,12 @@ def aot(cap=90, next_n=1):
     from kernelgate.ops.mla import mla_decode_triton as T
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     print(f"\nsm_{cap}, H={H} next_n={next_n} R={R} Dr={DR}, bf16\n\n| keys | block_n | warps | stages | kv_major "
-          "| ahead | resources | shared KB | TMA / cp.async | mma.sync / wgmma |\n|---|---|---|---|---|---|---|---:|---|---|")
-    for keys, bn, w, st, km, ah in SWEEP_GRID:
+          "| ahead | prefetch | resources | shared KB | TMA / cp.async | mma.sync / wgmma |\n|---|---|---|---|---|---|---|---|---:|---|---|")
+    for keys, bn, w, st, km, ah, pf in SWEEP_GRID:
         kern = T._partial_tma_kernel if keys == "tma" else T._partial_kernel
         names = list(kern.arg_names)
         const = dict(R=R, DR=DR, DRP=DR, MP=H * next_n, BLOCK_N=bn, DOT_F32=False, KV_MAJOR=km)
-        const.update(dict(RC=256, NC=2) if keys == "tma" else dict(RP=R, AHEAD=ah))
+        const.update(dict(RC=256, NC=2, PREFETCH=pf) if keys == "tma" else dict(RP=R, AHEAD=ah))
         sig = {n: ("constexpr" if n in const else "*bf16" if n in ("q_ptr", "kv_ptr") else
                    f"tensordesc<bf16[1, {bn}, 256]>" if n == "desc_c" else f"tensordesc<bf16[1, {bn}, {DR}]>"
                    if n == "desc_r" else "*i32" if n in ("bt_ptr", "len_ptr") else "*fp32" if n.endswith("_ptr") else
@@ -170,7 +170,7 @@ def aot(cap=90, next_n=1):
             out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         res = next((ln.split("SHARED")[0].strip() for ln in out.splitlines() if "REG" in ln), "?")
         ptx = k.asm["ptx"]
-        print(f"| {keys} | {bn} | {w} | {st} | {km} | {ah} | {res} | {k.metadata.shared / 1024:.0f} | "
+        print(f"| {keys} | {bn} | {w} | {st} | {km} | {ah} | {pf} | {res} | {k.metadata.shared / 1024:.0f} | "
               f"{'cp.async.bulk.tensor' in ptx} / {'cp.async' in ptx} | {ptx.count('mma.sync')} / "
               f"{ptx.count('wgmma.mma_async')} |")
 

@@ -51,15 +51,17 @@ OP = "mla_decode"
 # _partial_tma_kernel where the cache allows (tma_route), else _partial_kernel ("ptr").
 # Unmeasured starting points: bench/mla_decode.py --sweep times the alternatives on a GPU.
 CONFIGS = [
-    # H100/H200: 16-token tiles by TMA, kv-major (the p kv product on wgmma, M = 256 latent
-    # columns), 4 warps, 4 stages, two programs per SM (255 registers, 91 KB shared: Triton 3.9,
-    # `bench/mla_decode.py --aot`). H200, 2026-12-02 (bench/mla_decode.py, CUDA graph), of the floor:
-    # B1 / B8 / B64 at 32k 0.30 / 0.59 / 0.67, at 128k 0.52 / 0.67 / 0.68; the pointer kernel's best
-    # choices in the same sweep: B1 128k 0.43, B8 32k 0.50, B64 32k 0.56. Larger TMA tiles (one
-    # program per SM) were slower: each tile's chain of dependent MMAs and softmax is the limit.
-    # min_split 64: a short context still spreads over the GPU (a 1k context took ~25 us in 8 splits).
-    (("cuda", "sm_9"), dict(block_n=16, num_warps=4, num_stages=4, programs=264, min_split=64,
-                            kv_major=True, keys="tma")),
+    # H100/H200: 64-token tiles by TMA, kv-major: scores (M = 64 tokens) and the p kv product
+    # (M = 256 latent columns) both on wgmma from shared memory, 4 warps, 2 stages of 72 KB + q:
+    # one program per SM (247 registers, 184 KB shared: Triton 3.6, `bench/mla_decode.py --aot`).
+    # H200, 2026-12-02 (bench/mla_decode.py --sweep, CUDA graph): see bench/RESULTS.md, session 14.
+    # With one tile in flight behind the one computed, the TMA stream of one program per SM reads
+    # ~2.9 TB/s (bench/mla_decode_probe.py); 16-token tiles (two programs per SM) were limited by
+    # each tile's chain of mma.sync scores and softmax instead. 1 stage (two programs per SM)
+    # computed wrong results under Triton 3.6.
+    # min_split 64: a short context still spreads over the GPU.
+    (("cuda", "sm_9"), dict(block_n=64, num_warps=4, num_stages=2, programs=132, min_split=64,
+                            kv_major=True, keys="tma", prefetch=0)),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
@@ -74,7 +76,7 @@ MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
 # 3.9, --aot): heads-major 32 x 8 warps x 2 stages takes 239 registers, no spills, cp.async tiles,
 # mma.sync; kv-major puts the p kv product on wgmma (252 registers). With ahead=True Triton did
 # not pipeline the loop (no cp.async), so it is off by default.
-LOOP = dict(kv_major=False, ahead=False, keys="ptr")
+LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes
 # the TMA kernel (as sm_90 does) wherever the cache's blocks allow it.
@@ -278,23 +280,38 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
 
 
 @triton.jit
+def _prefetch_l2(kv_ptr, blk, row0, s_cb, s_ct, row_bytes, BLOCK_N: tl.constexpr):
+    """Ask L2 for a tile's rows (one bulk prefetch per row, sm_90: `cp.async.bulk.prefetch`), so
+    that the TMA load issued for it later finds them there; nothing waits on it."""
+    rows = (blk.to(tl.int64) * s_cb + (row0 + tl.arange(0, BLOCK_N)).to(tl.int64) * s_ct)
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                              [kv_ptr + rows, tl.full([BLOCK_N], row_bytes, tl.int32)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, lse_ptr,
                         s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
                         qk_scale, splits,
                         R: tl.constexpr, DR: tl.constexpr, RC: tl.constexpr, NC: tl.constexpr, DRP: tl.constexpr,
                         MP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
-                        KV_MAJOR: tl.constexpr):
+                        KV_MAJOR: tl.constexpr, PREFETCH: tl.constexpr):
     """Tiles inside one cache block (block_size % BLOCK_N == 0): one table entry per tile, loaded a
     tile ahead, and the tile's latents by TMA from descriptors over the cache viewed as
     [num_blocks, block_size, R] (box [1, BLOCK_N, RC], NC boxes: a box is at most 256 wide) and
     [num_blocks, block_size, Dr] -- into shared memory, the MMA operands, with no register pass.
     A block id outside the cache loads at row num_blocks: past the descriptor, zero-filled.
-    A sequence's last, partial tile (positions past its length hold anything, NaN included) goes
-    through masked pointer loads instead. Orientation as in _partial_kernel."""
+    A sequence's partial last tile is loaded shifted back so that it ends at the length: the rows
+    past the length (they hold anything, NaN included, and 0 x NaN would reach o) are never read;
+    the rows it gains in front lie before the block (negative coordinates: zero-filled) or were
+    the previous tile's, and leave the softmax. Every tile takes the same path, so the loop is
+    one pipeline and q sits in shared memory once. Orientation as in _partial_kernel.
+    PREFETCH > 0 (GPU only): each iteration also asks L2 for the tile PREFETCH tiles ahead (its
+    table entry read one iteration earlier still): more of the cache in flight than the shared
+    memory's stages hold."""
     n = tl.program_id(0)
     sp = tl.program_id(1)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
-    full = tl.maximum(tl.minimum(end, L // BLOCK_N * BLOCK_N), start)   # whole tiles: TMA
     m = tl.arange(0, MP)
     j = m // H
     mmask = m < M
@@ -308,12 +325,22 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     m_i = tl.full([MP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([MP], dtype=tl.float32)
     bt_row = bt_ptr + n.to(tl.int64) * s_bt
-    blk = tl.load(bt_row + start // block_size, mask=start < full, other=0)
-    for t0 in range(start, full, BLOCK_N):
-        blk_n = tl.load(bt_row + (t0 + BLOCK_N) // block_size, mask=t0 + BLOCK_N < full, other=0)
+    blk = tl.load(bt_row + start // block_size, mask=start < end, other=0)
+    row_bytes = (R + DR) * kv_ptr.dtype.element_ty.primitive_bitwidth // 8
+    pf = start + PREFETCH * BLOCK_N
+    blk_pf = tl.load(bt_row + pf // block_size, mask=(pf < end) & (PREFETCH > 0), other=-1)
+    for t0 in range(start, end, BLOCK_N):
+        blk_n = tl.load(bt_row + (t0 + BLOCK_N) // block_size, mask=t0 + BLOCK_N < end, other=0)
+        if PREFETCH > 0:
+            pf = t0 + PREFETCH * BLOCK_N
+            ok_pf = (pf < end) & (blk_pf >= 0) & (blk_pf < num_blocks)
+            _prefetch_l2(kv_ptr, tl.where(ok_pf, blk_pf, 0), tl.where(ok_pf, pf, 0) % block_size,
+                         s_cb, s_ct, row_bytes, BLOCK_N)   # (nothing to fetch: block 0, a valid address)
+            blk_pf = tl.load(bt_row + (pf + BLOCK_N) // block_size, mask=pf + BLOCK_N < end, other=-1)
         inb = (blk >= 0) & (blk < num_blocks)
         b = tl.where(inb, blk, num_blocks)
-        off = t0 % block_size
+        shift = tl.maximum(t0 + BLOCK_N - L, 0)                   # > 0 only for the partial last tile
+        off = t0 % block_size - shift
         kv0 = tl.reshape(desc_c.load([b, off, 0]), (BLOCK_N, RC))
         kv1 = kv0
         if NC == 2:
@@ -321,31 +348,12 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
         kr = kv0
         if DR > 0:
             kr = tl.reshape(desc_r.load([b, off, 0]), (BLOCK_N, DRP))
-        t = t0 + tl.arange(0, BLOCK_N)
+        t = t0 - shift + tl.arange(0, BLOCK_N)
         s = _scores(kv0, kv1, kr, q0, q1, qr, qk_scale, NC, DR, KV_MAJOR, DOT_F32)
-        ok = (t < full) & inb
+        ok = (t >= t0) & inb
         acc0, acc1, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc0, acc1, m_i, l_i, kv0, kv1,
                                        NC, KV_MAJOR, DOT_F32)
         blk = blk_n
-    blk = tl.load(bt_row + full // block_size, mask=full < end, other=0)
-    # the sequence's partial last tile, if this split has it: the same boxes, then the rows past
-    # the length zeroed in registers (they hold anything, NaN included; 0 x NaN would reach o)
-    for t0 in tl.range(full, end, BLOCK_N, num_stages=1):
-        t = t0 + tl.arange(0, BLOCK_N)
-        inb = (blk >= 0) & (blk < num_blocks)
-        ok = (t < end) & inb
-        b = tl.where(inb, blk, num_blocks)
-        off = t0 % block_size
-        kv0 = tl.where(ok[:, None], tl.reshape(desc_c.load([b, off, 0]), (BLOCK_N, RC)), 0.0)
-        kv1 = kv0
-        if NC == 2:
-            kv1 = tl.where(ok[:, None], tl.reshape(desc_c.load([b, off, RC]), (BLOCK_N, RC)), 0.0)
-        kr = kv0
-        if DR > 0:
-            kr = tl.where(ok[:, None], tl.reshape(desc_r.load([b, off, 0]), (BLOCK_N, DRP)), 0.0)
-        s = _scores(kv0, kv1, kr, q0, q1, qr, qk_scale, NC, DR, KV_MAJOR, DOT_F32)
-        acc0, acc1, m_i, l_i = _update(s, _visible(t, ok, last, KV_MAJOR), acc0, acc1, m_i, l_i, kv0, kv1,
-                                       NC, KV_MAJOR, DOT_F32)
     _finish(o_ptr, lse_ptr, acc0, acc1, m_i, l_i, n, sp, splits, m, mmask, M, R, start, end, RC, NC, KV_MAJOR)
 
 
@@ -404,6 +412,14 @@ def tma_route(cfg: dict, cache, R: int) -> tuple[str | None, int]:
     if es != 2 and not interpreting():
         return f"{cache.dtype} latents", bn
     return None, bn
+
+
+def prefetch_tiles(cfg: dict, cache) -> int:
+    """How many tiles ahead the TMA kernel asks L2 for (cfg's `prefetch`): none under the interpreter
+    (inline PTX), for an empty cache, or where a row of latents is not a whole number of 16 bytes."""
+    if interpreting() or cache.shape[0] == 0 or (cache.shape[2] * cache.element_size()) % 16:
+        return 0
+    return cfg.get("prefetch", 0)
 
 
 def _descriptors(cache, R: int, Dr: int, bn: int, RC: int, DRP: int):
@@ -473,7 +489,8 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
         _partial_tma_kernel[(N, splits)](
             q, cache, desc_c, desc_r, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RC=RC, NC=RP // RC, DRP=DRP, MP=MP, BLOCK_N=bn, DOT_F32=dot_f32,
-            KV_MAJOR=cfg["kv_major"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            KV_MAJOR=cfg["kv_major"], PREFETCH=prefetch_tiles(cfg, cache),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     else:
         _partial_kernel[(N, splits)](
             q, cache, block_table, seq_lens, o_part, lse_part, *common,

@@ -231,7 +231,7 @@ def test_launch_choices_follow_the_platform():
     if not platform.interpreting():   # (the interpreter runs TMA for any simulated CUDA)
         a100 = T.config(dataclasses.replace(here, name="cuda", capability="sm_80"))
         assert (a100["keys"], mi300["keys"], xpu["keys"]) == ("ptr", "ptr", "ptr")
-    assert (h200["keys"], h200["block_n"], h200["num_warps"], h200["kv_major"]) == ("tma", 16, 4, True)
+    assert (h200["keys"], h200["block_n"], h200["num_warps"], h200["kv_major"]) == ("tma", 64, 4, True)
     assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
     assert T.num_splits(1, 2048, 64, dict(programs=132, min_split=256)) == 132      # B1 128k: one per SM
     assert T.num_splits(64, 2048, 64, dict(programs=132, min_split=256)) == 2       # 128 programs: one wave
@@ -265,6 +265,24 @@ def test_triton_tma_tiles(kv_major, R, Dr, next_n):
                      return_lse=True, cfg=cfg)
     assert rel(torch.einsum("thr,hvr->thv", o.double(), pb.w_uv), pb.expanded()) < 2e-5
     assert torch.isneginf(lse[2 * next_n:3 * next_n]).all() and torch.isfinite(lse[:2 * next_n]).all()
+
+
+@pytest.mark.parametrize("bs", [64, 128], ids=["BS64", "BS128"])
+def test_triton_tma_shifted_last_tile(bs):
+    # tiles of 64 (the H200's): a sequence's partial last tile is loaded shifted back to end at its
+    # length -- rows before the block read as zeros (BS64) or repeat the previous tile's (BS128,
+    # two tiles a block), rows past the length (NaN) never read; lengths shorter than a tile, one
+    # past a tile, one short of a block; a split boundary inside a sequence (splits 2)
+    from kernelgate.ops.mla import mla_decode_triton as T
+    pb = Problem([5, 64, 65, 127, 130, 1], [1] * 6, 2, 32, 16, 8, 8, bs, torch.float32, seed=11)
+    cfg = dict(T.config(), keys="tma", block_n=64, kv_major=True, splits=2)
+    assert T.tma_route(cfg, pb.cache, 32) == (None, 64)
+    o, lse = _launch(pb.absorbed_q(torch.float32), pb.cache, pb.table, pb.seq_lens, pb.scale, 32,
+                     return_lse=True, cfg=cfg)
+    assert rel(torch.einsum("thr,hvr->thv", o.double(), pb.w_uv), pb.expanded()) < 2e-5
+    ref_lse = registry.get(OP).reference(pb.absorbed_q(torch.float32), pb.cache, pb.table, pb.seq_lens,
+                                         pb.scale, 32, return_lse=True)[1]
+    assert rel(lse, ref_lse) < 1e-6
 
 
 @pytest.mark.parametrize("bad_id", [-3, 10**6], ids=["negative", "past-the-cache"])
