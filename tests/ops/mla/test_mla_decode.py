@@ -303,6 +303,20 @@ def test_triton_tma_skips_out_of_range_blocks(bad_id):
     assert rel(o[1:], _launch(q, cache, table, pb.seq_lens, pb.scale, 16, cfg=dict(cfg, keys="ptr"))[1:]) < 1e-6
 
 
+def test_prefetch_only_where_it_is_a_valid_hint(monkeypatch):
+    # the L2 prefetch is inline PTX: never under the interpreter; on a GPU only where a row of
+    # latents is a whole number of 16 bytes (the bulk prefetch's unit) and the cache has a block
+    from kernelgate.ops.mla import mla_decode_triton as T
+    cfg = dict(prefetch=2)
+    bf = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    assert T.prefetch_tiles(cfg, bf) == (0 if platform.interpreting() else 2)
+    monkeypatch.setattr(T, "interpreting", lambda: False)
+    assert T.prefetch_tiles(cfg, bf) == 2
+    assert T.prefetch_tiles(cfg, torch.zeros(4, 64, 580, dtype=torch.bfloat16)) == 0   # 1,160-byte rows
+    assert T.prefetch_tiles(cfg, bf[:0]) == 0
+    assert T.prefetch_tiles(dict(), bf) == 0
+
+
 def test_merge_grid_spreads_the_splits():
     # the GPU's merge: blocks as large as still give ~merge_programs programs; the result matches
     from kernelgate.ops.mla import mla_decode_triton as T
