@@ -20,12 +20,17 @@ def run(model, ctx: int, B: int, dev, steps: int = 20, prof_steps: int = 10, cpr
     """-> (wall ms per step, {kernel: device us per step}, device busy us per step)."""
     from kernelgate.engine import Engine, SamplingParams
     vocab = model.config.vocab_size
-    eng = Engine(model, max_num_seqs=B, max_model_len=ctx + 128, max_num_batched_tokens=8192, block_size=64,
-                 num_cache_blocks=B * -(-(ctx + 128) // 64))
+    # the prompts prefill one after another (a chunk a step) and each sequence decodes from its own
+    # prefill on: it must outlast the others' prefills plus the measured steps, or "B8" at a long
+    # context would time the few sequences left
+    budget = 8192
+    new = 6 + steps * (2 if cprofile else 1) + prof_steps + 8 + (B - 1) * (-(-ctx // (budget - B)) + 1)
+    eng = Engine(model, max_num_seqs=B, max_model_len=ctx + new + 16, max_num_batched_tokens=budget, block_size=64,
+                 num_cache_blocks=B * -(-(ctx + new + 16) // 64))
     g = torch.Generator().manual_seed(ctx + B)
     for i in range(B):
         prompt = torch.randint(1, vocab, (ctx,), generator=g).tolist()
-        eng.add_request(str(i), prompt, SamplingParams(max_new_tokens=100, stop_token_ids=()))
+        eng.add_request(str(i), prompt, SamplingParams(max_new_tokens=new, stop_token_ids=()))
     for _ in range(10_000):                    # prefill, then a few decode steps (graph capture)
         eng.step()
         if all(len(r.output) >= 6 for r in eng.requests.values()):

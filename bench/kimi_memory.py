@@ -249,11 +249,17 @@ def part_decode(args, model, device):
         for B in (1, 8):
             t = Timing()
             prompts = [_prompt(ctx, 10 + i) for i in range(B)]
-            kernelgate.generate(model, prompts, max_new_tokens=args.decode_steps, stop_token_ids=(), timing=t,
-                                max_num_batched_tokens=args.budget, num_cache_blocks=B * -(-(ctx + 80) // 64),
-                                max_model_len=ctx + 80)
-            steps = [s for s in t.steps if s[0] == "decode"]
-            warm = steps[3:] or steps
+            # the prompts prefill one after another (a chunk a step, decodes first); each sequence
+            # decodes from its own prefill on, so it must still be running when the last one starts:
+            # only steps that decode all B are timed (a long prompt's first sequences would
+            # otherwise finish before the last one joined, and B8 would time B1-B2 steps)
+            chunks = -(-ctx // max(1, args.budget - B)) + 1
+            new = args.decode_steps + 4 + (B - 1) * chunks
+            kernelgate.generate(model, prompts, max_new_tokens=new, stop_token_ids=(), timing=t,
+                                max_num_batched_tokens=args.budget, num_cache_blocks=B * -(-(ctx + new + 16) // 64),
+                                max_model_len=ctx + new + 16)
+            steps = [s for s in t.steps if s[0] == "decode" and s[1] == B]
+            warm = steps[3:3 + args.decode_steps] or steps
             ms = 1e3 * sum(s[2] for s in warm) / max(1, len(warm))
             floor = decode_floor(model, B, ctx, gbps)
             rows.append([f"{ctx:,}", str(B), f"{ms:.2f}", f"{B * 1e3 / ms:,.0f}", f"{floor:,.0f}: {B * 1e3 / ms / floor:.2f}",
