@@ -7,15 +7,15 @@ eager µs, CUDA-graph µs (device time: the step is captured in the engine), GB/
 fraction of the floor (each sequence's latent cache read once, plus q and o, at 4.2 TB/s).
 The native reference is timed at B <= 8 only (it loops over sequences on the host).
 
-  --sweep    also time the Triton kernel over launch choices (tile, warps, stages, MMA
-             orientation, table prefetch, programs) at B1 128k, B8 32k, B64 32k, calling the
-             kernel directly; prints the best per shape, to copy into CONFIGS / LOOP in
-             kernelgate/ops/mla/mla_decode_triton.py
+  --sweep    also time the Triton kernel over launch choices (tile, warps, stages, L2 prefetch
+             distance, programs) at every shape above, calling the kernel directly; each choice
+             is checked against native first; prints the best six per shape, to copy into
+             CONFIGS / LOOP in kernelgate/ops/mla/mla_decode_triton.py
   --prefill  also check mla_prefill (sdpa) against native at a context longer than one piece
              and time it for an 8k chunk after 24k / 120k of context
   --aot      no GPU needed: compile the kernel for sm_90 (Kimi shapes) at each SWEEP_GRID choice
              and print registers, spills (stack bytes), shared memory and the MMA kind
-Runs in about a minute on an H200 (--sweep adds a few: 8 launch choices x 6 shapes).
+Runs in about a minute on an H200 (--sweep about one more: 5 choices x 2 program counts x 6 shapes).
 """
 from __future__ import annotations
 
