@@ -90,13 +90,34 @@ def timing(dev):
 
 
 SWEEP_SHAPES = tuple((B, ctx) for ctx in CTXS for B in BATCHES)
-# launch choices: (keys, block_n, num_warps, num_stages, kv_major, ahead, prefetch), each at 132
-# and 264 programs: 64-token kv-major TMA tiles (every product on wgmma; 2 stages of 72 KB: one
-# program per SM; 1 stage computed wrong results under Triton 3.6 on an H200, so it is not swept)
-# with L2 prefetch 0-4 tiles ahead, and the session-12 choice (16-token tiles, two programs per SM).
-SWEEP_GRID = (("tma", 64, 4, 2, True, False, 0), ("tma", 64, 4, 2, True, False, 2), ("tma", 64, 4, 2, True, False, 3),
-              ("tma", 64, 4, 2, True, False, 4), ("tma", 16, 4, 4, True, False, 0))
-KEYS = ("keys", "block_n", "num_warps", "num_stages", "kv_major", "ahead", "prefetch", "programs")
+# launch choices, each at 132 programs (then the best at other counts): 64-token kv-major TMA tiles
+# (every product on wgmma; 2 stages of 72 KB: one program per SM; 1 stage computed wrong results under
+# Triton 3.6 on an H200, so it is not swept), the merge launched as a programmatic dependent or not,
+# and an L2 prefetch some tiles ahead, one request per row or one per tile.
+_TMA64 = dict(keys="tma", block_n=64, num_warps=4, num_stages=2, kv_major=True, ahead=False)
+# Session 15 (H200): one request per tile, 2 ahead, and the dependent merge won at every shape but B1 32k
+# (prefetch 0 there, 3 % faster); 3, 4 and 6 ahead lost up to 25 % (the tiles in flight outgrow L2).
+SWEEP_GRID = tuple(dict(_TMA64, prefetch=pf, prefetch_block=blk, pdl=pdl) for pf, blk, pdl in (
+    (0, False, False), (2, False, False), (0, False, True), (1, True, True), (2, True, False), (2, True, True),
+    (3, True, True)))
+MERGE_GRID = ((None, None), (1, 64), (1, 128), (2, 64), (4, 64), (4, 128), (8, 32), (8, 64), (16, 32), (32, 32))
+KEYS = ("keys", "block_n", "num_warps", "num_stages", "kv_major", "prefetch", "prefetch_block", "pdl", "programs")
+
+
+def kernel_us(fn, dev, calls=20) -> dict:
+    """Mean device µs per call of each kernel fn launches (torch.profiler; eager launches)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(dev)
+    out = {}
+    for ev in prof.key_averages():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.count >= calls:
+            out[ev.key] = ev.device_time_total / calls
+    return out
 
 
 def sweep(dev):
@@ -104,12 +125,25 @@ def sweep(dev):
     other program counts. Each choice is checked against the native reference first."""
     from kernelgate.ops.mla import mla_decode_triton as T
     base = T.config()
-    grid = [dict(zip(KEYS, g), programs=p) for g in SWEEP_GRID for p in (132, 264)]
+    grid = [dict(g, programs=132) for g in SWEEP_GRID]
     print(f"\nsweep (base {base}); graph µs per call\n")
     g = torch.Generator().manual_seed(1)
     from kernelgate.ops.mla.mla_decode import make_inputs
     chk = make_inputs([1000, 4097, 70, 0, 64], H, R, DR, BS, torch.bfloat16, g, 1, dev)
     ref = registry.get("mla_decode").reference(*chk, SCALE, R)
+    def graph_ok(c):   # the choice replayed from a CUDA graph (the engine's decode step) computes the same
+        T.launch(*chk, SCALE, R, cfg=c)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = T.launch(*chk, SCALE, R, cfg=c)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize(dev)
+        e = rel_err(out, ref)
+        if not e < 1e-2:
+            print(f"  { {k: c[k] for k in KEYS} }: WRONG from a CUDA graph (rel err {e:.2e})")
+        return e < 1e-2
+
     for B, ctx in SWEEP_SHAPES:
         q, cache, table, seq = inputs(B, ctx, dev)
         nbytes = decode_bytes(q, cache, seq)
@@ -121,6 +155,8 @@ def sweep(dev):
                 if not e < 1e-2:
                     print(f"  B{B} ctx{ctx} { {k: c[k] for k in KEYS} }: WRONG (rel err {e:.2e})")
                     return None
+                if not graph_ok(c):
+                    return None
                 fn()
                 return graph_us(fn, dev, calls=10) or time_ms(fn, dev) * 1e3
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
@@ -130,11 +166,24 @@ def sweep(dev):
         rows.sort(key=lambda r: r[0])
         if rows:
             best = rows[0][1]
-            rows += [(us, c) for p in (66, 396, 528) for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
+            rows += [(us, c) for p in (66, 264, 396) for c in [{**best, "programs": p}] if (us := timed(c)) is not None]
             rows.sort(key=lambda r: r[0])
-        for us, c in rows[:6]:
+        for us, c in rows[:8]:
             print(f"B{B} ctx{ctx}: {us:.1f} µs, {nbytes / (us * 1e-6) / 1e9 / FLOOR_GBS:.2f} of floor, "
                   f"splits {T.num_splits(B, table.shape[1], BS, c)}: { {k: c[k] for k in KEYS} }")
+        if rows:   # the merge's grid at the best choice: (query rows, latent columns) per program
+            best = rows[0][1]
+            merged = [(us, c) for mr, mb in MERGE_GRID for c in [{**best, "merge_rows": mr, "merge_br": mb}]
+                      if (us := timed(c)) is not None]
+            for us, c in sorted(merged, key=lambda r: r[0]):
+                print(f"  merge rows {c['merge_rows']} x cols {c['merge_br']} "
+                      f"{T.merge_grid(B, H, R, H, R, c)}: {us:.1f} µs")
+        # where the time goes: each kernel's device time (the merge launched after the partials: as a
+        # dependent it would count the time it waits for them)
+        for name, c in [("default", base)] + [("best", rows[0][1])] * bool(rows):
+            parts = kernel_us(lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=dict(c, pdl=False)), dev)  # noqa: B023
+            print(f"  kernels ({name}, merge not dependent): " +
+                  ", ".join(f"{k.split('(')[0][:28]} {v:.1f} µs" for k, v in parts.items()))
         del q, cache, table, seq
         torch.cuda.empty_cache()
 
@@ -153,11 +202,14 @@ def aot(cap=90, next_n=1):
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     print(f"\nsm_{cap}, H={H} next_n={next_n} R={R} Dr={DR}, bf16\n\n| keys | block_n | warps | stages | kv_major "
           "| ahead | prefetch | resources | shared KB | TMA / cp.async | mma.sync / wgmma |\n|---|---|---|---|---|---|---|---|---:|---|---|")
-    for keys, bn, w, st, km, ah, pf in SWEEP_GRID:
+    for g in SWEEP_GRID:
+        keys, bn, w, st, km, ah, pf = (g[k] for k in ("keys", "block_n", "num_warps", "num_stages", "kv_major",
+                                                       "ahead", "prefetch"))
         kern = T._partial_tma_kernel if keys == "tma" else T._partial_kernel
         names = list(kern.arg_names)
-        const = dict(R=R, DR=DR, DRP=DR, MP=H * next_n, BLOCK_N=bn, DOT_F32=False, KV_MAJOR=km)
-        const.update(dict(RC=256, NC=2, PREFETCH=pf) if keys == "tma" else dict(RP=R, AHEAD=ah))
+        const = dict(R=R, DR=DR, DRP=DR, MP=H * next_n, BLOCK_N=bn, DOT_F32=False, KV_MAJOR=km, PDL=g["pdl"])
+        const.update(dict(RC=256, NC=2, PREFETCH=pf, PF_TILE=g["prefetch_block"]) if keys == "tma" else
+                     dict(RP=R, AHEAD=ah))
         sig = {n: ("constexpr" if n in const else "*bf16" if n in ("q_ptr", "kv_ptr") else
                    f"tensordesc<bf16[1, {bn}, 256]>" if n == "desc_c" else f"tensordesc<bf16[1, {bn}, {DR}]>"
                    if n == "desc_r" else "*i32" if n in ("bt_ptr", "len_ptr") else "*fp32" if n.endswith("_ptr") else
@@ -170,7 +222,8 @@ def aot(cap=90, next_n=1):
             out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         res = next((ln.split("SHARED")[0].strip() for ln in out.splitlines() if "REG" in ln), "?")
         ptx = k.asm["ptx"]
-        print(f"| {keys} | {bn} | {w} | {st} | {km} | {ah} | {pf} | {res} | {k.metadata.shared / 1024:.0f} | "
+        tag = " tile" * g["prefetch_block"] + " pdl" * g["pdl"]
+        print(f"| {keys} | {bn} | {w} | {st} | {km} | {ah} | {pf}{tag} | {res} | {k.metadata.shared / 1024:.0f} | "
               f"{'cp.async.bulk.tensor' in ptx} / {'cp.async' in ptx} | {ptx.count('mma.sync')} / "
               f"{ptx.count('wgmma.mma_async')} |")
 

@@ -22,7 +22,9 @@ sequence's work onto one program. The split count comes from shapes only (sequen
 width; never the lengths: no host sync, one graph fits every length). With one split the
 program writes o and lse; otherwise fp32 partials (o normalised per split, lse) go to a
 scratch buffer and `_merge_kernel` combines them by their lse (an empty split writes lse =
--inf only and is skipped).
+-inf only and is skipped). On sm_90+ the merge may be launched as a programmatic dependent
+(PDL): it starts while the partials finish and waits for their grid (griddepcontrol.wait) before
+it reads them.
 
 Never out of bounds: positions past the length or past the table width are masked, and a
 block id outside [0, num_blocks) is not read (its positions leave the softmax; the TMA kernel
@@ -58,11 +60,13 @@ CONFIGS = [
     # With one tile in flight behind the one computed, the TMA stream of one program per SM reads
     # ~2.9 TB/s (bench/mla_decode_probe.py); 16-token tiles (two programs per SM) were limited by
     # each tile's chain of mma.sync scores and softmax instead. 1 stage (two programs per SM)
-    # computed wrong results under Triton 3.6. prefetch 2 (L2 asked for the tile two ahead): B64 32k
-    # and B8 128k 5 % faster, B1 1-3 % slower; 3 and 4 slower everywhere.
+    # computed wrong results under Triton 3.6. L2 asked for the tile two ahead by one request per tile
+    # (session 15; one per row, session 14, cost B1 1-3 %), the merge launched as a programmatic
+    # dependent: B8 32k / B64 32k / B1 128k / B8 128k / B64 128k 5 / 10 / 2 / 9 / 3 % faster than
+    # neither, B1 32k 3 % slower; 3 or more tiles ahead slower everywhere (up to 25 %).
     # min_split 64: a short context still spreads over the GPU.
     (("cuda", "sm_9"), dict(block_n=64, num_warps=4, num_stages=2, programs=132, min_split=64,
-                            kv_major=True, keys="tma", prefetch=2)),
+                            kv_major=True, keys="tma", prefetch=2, prefetch_block=True, pdl=True)),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
@@ -77,7 +81,7 @@ MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
 # 3.9, --aot): heads-major 32 x 8 warps x 2 stages takes 239 registers, no spills, cp.async tiles,
 # mma.sync; kv-major puts the p kv product on wgmma (252 registers). With ahead=True Triton did
 # not pipeline the loop (no cp.async), so it is off by default.
-LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0)
+LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, pdl=False)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes
 # the TMA kernel (as sm_90 does) wherever the cache's blocks allow it.
@@ -238,13 +242,16 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
                     qk_scale, splits,
                     R: tl.constexpr, DR: tl.constexpr, RP: tl.constexpr, DRP: tl.constexpr, MP: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
-                    KV_MAJOR: tl.constexpr, AHEAD: tl.constexpr):
+                    KV_MAJOR: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr):
     """Pointer loads, one table entry per position (tiles may span cache blocks).
     KV_MAJOR=False: scores [MP, BLOCK_N] = q kv^T, acc [MP, RP] (heads on the MMA's M axis).
     KV_MAJOR=True: the transposes, scores^T = kv q^T [BLOCK_N, MP] and acc^T [RP, MP] += kv^T p^T:
     the MMA's M axis is BLOCK_N / R (>= 64: Hopper's wgmma shapes) instead of the head count.
     AHEAD: the block-table entries of the next tile are loaded one iteration early, so no cache
-    load waits on a load of its own iteration (Triton's pipeliner can then prefetch tiles)."""
+    load waits on a load of its own iteration (Triton's pipeliner can then prefetch tiles).
+    PDL: as in _partial_tma_kernel."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     sp = tl.program_id(1)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
@@ -291,12 +298,23 @@ def _prefetch_l2(kv_ptr, blk, row0, s_cb, s_ct, row_bytes, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _prefetch_l2_tile(kv_ptr, blk, row0, s_cb, s_ct, tile_bytes):
+    """Ask L2 for a whole tile whose rows are contiguous: one bulk prefetch, issued by thread 0."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n"
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [kv_ptr + (blk.to(tl.int64) * s_cb + row0.to(tl.int64) * s_ct), tile_bytes],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, lse_ptr,
                         s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
                         qk_scale, splits,
                         R: tl.constexpr, DR: tl.constexpr, RC: tl.constexpr, NC: tl.constexpr, DRP: tl.constexpr,
                         MP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
-                        KV_MAJOR: tl.constexpr, PREFETCH: tl.constexpr):
+                        KV_MAJOR: tl.constexpr, PREFETCH: tl.constexpr, PF_TILE: tl.constexpr,
+                        PDL: tl.constexpr):
     """Tiles inside one cache block (block_size % BLOCK_N == 0): one table entry per tile, loaded a
     tile ahead, and the tile's latents by TMA from descriptors over the cache viewed as
     [num_blocks, block_size, R] (box [1, BLOCK_N, RC], NC boxes: a box is at most 256 wide) and
@@ -309,7 +327,12 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     one pipeline and q sits in shared memory once. Orientation as in _partial_kernel.
     PREFETCH > 0 (GPU only): each iteration also asks L2 for the tile PREFETCH tiles ahead (its
     table entry read one iteration earlier still): more of the cache in flight than the shared
-    memory's stages hold."""
+    memory's stages hold; PF_TILE: one prefetch of the whole tile (its rows are contiguous) from
+    one thread, instead of one per row.
+    PDL: the merge kernel (launched as a programmatic dependent) may start now; it waits for this
+    grid's completion before it reads anything."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     sp = tl.program_id(1)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
@@ -335,8 +358,12 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
         if PREFETCH > 0:
             pf = t0 + PREFETCH * BLOCK_N
             ok_pf = (pf < end) & (blk_pf >= 0) & (blk_pf < num_blocks)
-            _prefetch_l2(kv_ptr, tl.where(ok_pf, blk_pf, 0), tl.where(ok_pf, pf, 0) % block_size,
-                         s_cb, s_ct, row_bytes, BLOCK_N)   # (nothing to fetch: block 0, a valid address)
+            if PF_TILE:
+                _prefetch_l2_tile(kv_ptr, tl.where(ok_pf, blk_pf, 0), tl.where(ok_pf, pf, 0) % block_size,
+                                  s_cb, s_ct, row_bytes * BLOCK_N)
+            else:
+                _prefetch_l2(kv_ptr, tl.where(ok_pf, blk_pf, 0), tl.where(ok_pf, pf, 0) % block_size,
+                             s_cb, s_ct, row_bytes, BLOCK_N)   # (nothing to fetch: block 0, a valid address)
             blk_pf = tl.load(bt_row + (pf + BLOCK_N) // block_size, mask=pf + BLOCK_N < end, other=-1)
         inb = (blk >= 0) & (blk < num_blocks)
         b = tl.where(inb, blk, num_blocks)
@@ -360,10 +387,13 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
 
 @triton.jit
 def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
-                  R: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr):
+                  R: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr):
     """Program (sequence n, block of ROWS query rows, block of BR latent columns): one pass over
     the splits, SB at a time (all of them in one step where SB covers them), rescaling the running
-    sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read."""
+    sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read.
+    PDL: launched as a programmatic dependent of the partial kernel: wait for its grid first."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     n = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     mmask = m < M
@@ -421,6 +451,21 @@ def prefetch_tiles(cfg: dict, cache) -> int:
     if interpreting() or cache.shape[0] == 0 or (cache.shape[2] * cache.element_size()) % 16:
         return 0
     return cfg.get("prefetch", 0)
+
+
+def prefetch_whole_tile(cfg: dict, cache) -> bool:
+    """Whether that prefetch is one request per tile (cfg's `prefetch_block`; a tile's rows must be
+    contiguous) rather than one per row."""
+    return bool(cfg.get("prefetch_block")) and cache.stride(1) == cache.shape[2]
+
+
+def dependent_merge(cfg: dict, splits: int) -> bool:
+    """Whether the merge is launched as a programmatic dependent of the partial kernel (cfg's `pdl`;
+    NVIDIA sm_90+, never under the interpreter): its launch and start overlap the partials' tail."""
+    if not cfg.get("pdl") or splits == 1 or interpreting():
+        return False
+    plat = platform.current()
+    return plat.name == "cuda" and (plat.capability or "").startswith("sm_") and int(plat.capability[3:]) >= 90
 
 
 def _descriptors(cache, R: int, Dr: int, bn: int, RC: int, DRP: int):
@@ -483,6 +528,7 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
     dot_f32 = interpreting() or cache.dtype == torch.float32
     common = (q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
               nb, max_blocks, bs, next_n, H, M, scale * math.log2(math.e), splits)
+    pdl = dependent_merge(cfg, splits)
     why, bn = tma_route(cfg, cache, R) if cfg.get("keys") == "tma" else ("keys", 0)
     if why is None:
         RC = min(RP, 256)
@@ -491,17 +537,17 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
             q, cache, desc_c, desc_r, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RC=RC, NC=RP // RC, DRP=DRP, MP=MP, BLOCK_N=bn, DOT_F32=dot_f32,
             KV_MAJOR=cfg["kv_major"], PREFETCH=prefetch_tiles(cfg, cache),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            PF_TILE=prefetch_whole_tile(cfg, cache), PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     else:
         _partial_kernel[(N, splits)](
             q, cache, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RP=RP, DRP=DRP, MP=MP, BLOCK_N=cfg["block_n"], DOT_F32=dot_f32,
-            KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"], PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
         rows, br = merge_grid(N, M, R, MP, RP, cfg)
         _merge_kernel[(N, triton.cdiv(M, rows), triton.cdiv(R, br))](
             o_part, lse_part, o, lse, M, splits, R=R, ROWS=rows, BR=br,
-            SB=merge_step(splits, rows, br, cfg), num_warps=4)
+            SB=merge_step(splits, rows, br, cfg), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return (o, lse) if return_lse else o
 
 

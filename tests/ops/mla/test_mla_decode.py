@@ -4,6 +4,7 @@ does not own, and the argument checks. Every implementation that runs here: nati
 Triton kernel under TRITON_INTERPRET=1 with the launch choices of simulated CUDA and XPU."""
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -315,6 +316,23 @@ def test_prefetch_only_where_it_is_a_valid_hint(monkeypatch):
     assert T.prefetch_tiles(cfg, torch.zeros(4, 64, 580, dtype=torch.bfloat16)) == 0   # 1,160-byte rows
     assert T.prefetch_tiles(cfg, bf[:0]) == 0
     assert T.prefetch_tiles(dict(), bf) == 0
+
+
+def test_prefetch_tile_and_dependent_merge_only_where_they_apply(monkeypatch):
+    # one prefetch request per tile needs the tile's rows contiguous; the merge as a programmatic
+    # dependent (griddepcontrol) needs NVIDIA sm_90+, more than one split, and no interpreter
+    from kernelgate.ops.mla import mla_decode_triton as T
+    bf = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    assert T.prefetch_whole_tile(dict(prefetch_block=True), bf)
+    assert not T.prefetch_whole_tile(dict(prefetch_block=True), torch.zeros(4, 64, 640)[:, :, :576])
+    assert not T.prefetch_whole_tile(dict(prefetch_block=False), bf) and not T.prefetch_whole_tile(dict(), bf)
+    assert not T.dependent_merge(dict(pdl=True), 8) or not platform.interpreting()
+    monkeypatch.setattr(T, "interpreting", lambda: False)
+    for name, cap, splits, want in (("cuda", "sm_90", 8, True), ("cuda", "sm_100", 8, True), ("cuda", "sm_90", 1, False),
+                                    ("cuda", "sm_80", 8, False), ("rocm", "gfx942", 8, False), ("xpu", "pvc", 8, False)):
+        monkeypatch.setattr(T.platform, "current", lambda n=name, c=cap: SimpleNamespace(name=n, capability=c))
+        assert T.dependent_merge(dict(pdl=True), splits) is want, (name, cap, splits)
+        assert T.dependent_merge(dict(pdl=False), splits) is False
 
 
 def test_merge_grid_spreads_the_splits():
