@@ -288,6 +288,11 @@ def part_full(args, device):
     eng = Engine(model, max_num_seqs=4, max_model_len=L + most_new + 16, max_num_batched_tokens=args.budget,
                  gpu_memory_utilization=args.util)
     print(eng.capacity.report(), flush=True)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kimi_e2e import decode_floor, ours_decode
+
+    from kernelgate.benchmark import copy_bandwidth
+    gbps = copy_bandwidth(device) if device.type == "cuda" else 100.0
     rows = []
     long_runs = ((f"1 x {L}", [_prompt(L, 1)]), (f"4 x {short}", [_prompt(short, 2 + i) for i in range(4)]),
                  (f"4 x {L}", [_prompt(L, 6 + i) for i in range(4)]))
@@ -305,19 +310,15 @@ def part_full(args, device):
         assert all(r.finish_reason == "length" and len(r.token_ids) == new for r in out)
         dec = sorted(s[2] for s in t.steps if s[0] == "decode" and s[1] == B)
         med = B / dec[len(dec) // 2] if dec else 0.0
-        rows.append([name, f"{t.rate('prefill'):,.0f}", f"{med:,.1f} ({len(dec)} steps of {B})",
-                     f"{wall:.1f}", f"{_peak(device) / 1e9:.1f}"])
+        floor = decode_floor(model, B, len(prompts[0]) + new, gbps)
+        rows.append([name, f"{t.rate('prefill'):,.0f}", f"{med:,.1f} ({len(dec)} steps of {B}; byte floor "
+                     f"{floor:,.0f}: {med / floor:.2f})", f"{wall:.1f}", f"{_peak(device) / 1e9:.1f}"])
         print(f"  {name}: prefill {t.rate('prefill'):,.0f} tok/s, decode {med:,.1f} tok/s "
-              f"(median of {len(dec)} steps that decode all {B})", flush=True)
+              f"(median of {len(dec)} steps that decode all {B}; byte floor {floor:,.0f})", flush=True)
     cap = eng.capacity
     eng.close()
     del eng
     # single-stream and batch-64 decode against the byte floor (issue 16), engine steps as in kimi_e2e
-    sys.path.insert(0, str(Path(__file__).parent))
-    from kimi_e2e import decode_floor, ours_decode
-
-    from kernelgate.benchmark import copy_bandwidth
-    gbps = copy_bandwidth(device)
     for b in (1, 64):
         for flag in (True, False):
             rate = ours_decode(model, b, 64, args.decode_steps, async_scheduling=flag)

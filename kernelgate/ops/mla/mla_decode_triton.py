@@ -82,7 +82,7 @@ MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
 # 3.9, --aot): heads-major 32 x 8 warps x 2 stages takes 239 registers, no spills, cp.async tiles,
 # mma.sync; kv-major puts the p kv product on wgmma (252 registers). With ahead=True Triton did
 # not pipeline the loop (no cp.async), so it is off by default.
-LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, prefetch_first=False, pdl=False)
+LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, pdl=False)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes
 # the TMA kernel (as sm_90 does) wherever the cache's blocks allow it.
@@ -315,7 +315,7 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
                         R: tl.constexpr, DR: tl.constexpr, RC: tl.constexpr, NC: tl.constexpr, DRP: tl.constexpr,
                         MP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
                         KV_MAJOR: tl.constexpr, PREFETCH: tl.constexpr, PF_TILE: tl.constexpr,
-                        PF_FIRST: tl.constexpr, PDL: tl.constexpr):
+                        PDL: tl.constexpr):
     """Tiles inside one cache block (block_size % BLOCK_N == 0): one table entry per tile, loaded a
     tile ahead, and the tile's latents by TMA from descriptors over the cache viewed as
     [num_blocks, block_size, R] (box [1, BLOCK_N, RC], NC boxes: a box is at most 256 wide) and
@@ -329,8 +329,7 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     PREFETCH > 0 (GPU only): each iteration also asks L2 for the tile PREFETCH tiles ahead (its
     table entry read one iteration earlier still): more of the cache in flight than the shared
     memory's stages hold; PF_TILE: one prefetch of the whole tile (its rows are contiguous) from
-    one thread, instead of one per row; PF_FIRST (with PF_TILE): the split's first tile too, before q
-    is loaded.
+    one thread, instead of one per row.
     PDL: the merge kernel (launched as a programmatic dependent) may start now; it waits for this
     grid's completion before it reads anything."""
     if PDL:
@@ -346,9 +345,6 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     bt_row = bt_ptr + n.to(tl.int64) * s_bt
     blk = tl.load(bt_row + start // block_size, mask=start < end, other=0)
     row_bytes = (R + DR) * kv_ptr.dtype.element_ty.primitive_bitwidth // 8
-    if PF_FIRST:   # the first tile's rows are on their way to L2 while q loads
-        ok0 = (start < end) & (blk >= 0) & (blk < num_blocks)
-        _prefetch_l2_tile(kv_ptr, tl.where(ok0, blk, 0), start % block_size, s_cb, s_ct, row_bytes * BLOCK_N)
     q0 = _load_q(q_ptr, qrow, mmask, 0, tl.minimum(R, RC), RC, KV_MAJOR)
     q1 = _load_q(q_ptr, qrow, mmask, RC, R - RC, RC, KV_MAJOR)    # (NC == 1: all masked, unused)
     qr = _load_q(q_ptr, qrow, mmask, R, DR, DRP, KV_MAJOR)
@@ -542,9 +538,7 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
             q, cache, desc_c, desc_r, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RC=RC, NC=RP // RC, DRP=DRP, MP=MP, BLOCK_N=bn, DOT_F32=dot_f32,
             KV_MAJOR=cfg["kv_major"], PREFETCH=prefetch_tiles(cfg, cache),
-            PF_TILE=prefetch_whole_tile(cfg, cache),
-            PF_FIRST=prefetch_whole_tile(cfg, cache) and bool(prefetch_tiles(cfg, cache) and cfg.get("prefetch_first")),
-            PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            PF_TILE=prefetch_whole_tile(cfg, cache), PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     else:
         _partial_kernel[(N, splits)](
             q, cache, block_table, seq_lens, o_part, lse_part, *common,
