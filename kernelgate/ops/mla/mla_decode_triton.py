@@ -238,6 +238,20 @@ def _finish(o_ptr, lse_ptr, acc0, acc1, m_i, l_i, n, sp, splits, m, mmask, M, R,
 
 
 @triton.jit
+def _let_dependents_launch():
+    """PDL (sm_90+): the grid launched after this one as a programmatic dependent may start now.
+    Inline PTX rather than triton.language.extra.cuda, which older Triton builds (Intel's) lack."""
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def _wait_for_prerequisite_grid():
+    """PDL (sm_90+): wait until the grid this one depends on has finished and its writes are visible."""
+    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
                     s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
                     qk_scale, splits,
@@ -252,7 +266,7 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
     load waits on a load of its own iteration (Triton's pipeliner can then prefetch tiles).
     PDL: as in _partial_tma_kernel."""
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+        _let_dependents_launch()
     n = tl.program_id(0)
     sp = tl.program_id(1)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
@@ -333,7 +347,7 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     PDL: the merge kernel (launched as a programmatic dependent) may start now; it waits for this
     grid's completion before it reads anything."""
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+        _let_dependents_launch()
     n = tl.program_id(0)
     sp = tl.program_id(1)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
@@ -394,7 +408,7 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
     sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read.
     PDL: launched as a programmatic dependent of the partial kernel: wait for its grid first."""
     if PDL:
-        tl.extra.cuda.gdc_wait()
+        _wait_for_prerequisite_grid()
     n = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     mmask = m < M
