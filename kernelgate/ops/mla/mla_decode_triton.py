@@ -65,9 +65,12 @@ CONFIGS = [
     # merge is launched as a programmatic dependent. Against neither: B8 32k / B64 32k / B1 128k /
     # B8 128k / B64 128k 12 / 17 / 9 / 16 / 16 % faster, B1 32k 4 % slower; 2 ahead up to 9 % slower than 1,
     # 3 or more slower still (up to 25 %: the tiles in flight outgrow what L2 keeps).
-    # min_split 64: a short context still spreads over the GPU.
+    # min_split 64: a short context still spreads over the GPU. ptr: the tile of the pointer kernel,
+    # for caches the TMA kernel does not take (fp32 latents, unaligned strides): sm_80's. An fp32
+    # kv-major 64-token tile is twice the FMA code (IEEE fp32 dots), and ptxas took 112 s over it.
     (("cuda", "sm_9"), dict(block_n=64, num_warps=4, num_stages=2, programs=132, min_split=64,
-                            kv_major=True, keys="tma", prefetch=1, prefetch_block=True, pdl=True)),
+                            kv_major=True, keys="tma", prefetch=1, prefetch_block=True, pdl=True,
+                            ptr=dict(block_n=32, kv_major=False))),
     (("cuda", "sm_10"), dict(block_n=32, num_warps=8, num_stages=2, programs=296, min_split=256)),
     (("cuda", None), dict(block_n=32, num_warps=4, num_stages=2, programs=216, min_split=256)),
     (("rocm", None), dict(block_n=32, num_warps=8, num_stages=1, programs=608, min_split=256)),
@@ -468,6 +471,12 @@ def prefetch_tiles(cfg: dict, cache) -> int:
     return cfg.get("prefetch", 0)
 
 
+def pointer_choice(cfg: dict) -> dict:
+    """The launch choice of the pointer kernel: cfg, with its `ptr` overrides where it has them (a
+    choice made for the TMA kernel names the tile its fallback takes)."""
+    return {**cfg, **cfg.get("ptr", {})}
+
+
 def prefetch_whole_tile(cfg: dict, cache) -> bool:
     """Whether that prefetch is one request per tile (cfg's `prefetch_block`; a tile's rows must be
     contiguous) rather than one per row."""
@@ -554,6 +563,7 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
             KV_MAJOR=cfg["kv_major"], PREFETCH=prefetch_tiles(cfg, cache),
             PF_TILE=prefetch_whole_tile(cfg, cache), PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     else:
+        cfg = pointer_choice(cfg)
         _partial_kernel[(N, splits)](
             q, cache, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RP=RP, DRP=DRP, MP=MP, BLOCK_N=cfg["block_n"], DOT_F32=dot_f32,

@@ -233,6 +233,9 @@ def test_launch_choices_follow_the_platform():
         a100 = T.config(dataclasses.replace(here, name="cuda", capability="sm_80"))
         assert (a100["keys"], mi300["keys"], xpu["keys"]) == ("ptr", "ptr", "ptr")
     assert (h200["keys"], h200["block_n"], h200["num_warps"], h200["kv_major"]) == ("tma", 64, 4, True)
+    ptr = T.pointer_choice(h200)   # caches the TMA kernel does not take: sm_80's tile, not the TMA one
+    assert (ptr["block_n"], ptr["kv_major"], ptr["num_warps"]) == (32, False, 4)
+    assert T.pointer_choice(mi300) == mi300
     assert (mi300["num_stages"], mi300["num_warps"], xpu["num_stages"]) == (1, 8, 1)
     assert T.num_splits(1, 2048, 64, dict(programs=132, min_split=256)) == 132      # B1 128k: one per SM
     assert T.num_splits(64, 2048, 64, dict(programs=132, min_split=256)) == 2       # 128 programs: one wave
