@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from kernelgate.benchmark import host_us
+from kernelgate.tools.benchmark import host_us
 
 
 def main(argv=None) -> int:

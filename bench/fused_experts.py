@@ -22,9 +22,9 @@ def main() -> int:
 
     import torch
 
-    from kernelgate import benchmark, platform, registry
+    from kernelgate.tools import benchmark, platform, registry
     from kernelgate.ops.moe.fused_experts import _bytes, make_inputs
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.testing import rel_err
 
     device = platform.default_device()
     if device.type == "cpu":

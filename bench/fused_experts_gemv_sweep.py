@@ -14,10 +14,10 @@ import itertools
 
 import torch
 
-from kernelgate import benchmark, platform
+from kernelgate.tools import benchmark, platform
 from kernelgate.ops.moe import fused_experts as fe
 from kernelgate.ops.moe import fused_experts_gemv_triton as gv
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 
 def with_shared(args):

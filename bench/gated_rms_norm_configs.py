@@ -24,10 +24,10 @@ def main() -> int:
     import triton
 
 
-    from kernelgate import benchmark
+    from kernelgate.tools import benchmark
     from kernelgate.ops.norm.gated_rms_norm import gated_rms_norm_native
     import kernelgate.ops.norm.gated_rms_norm_triton as k
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.testing import rel_err
 
     device = torch.accelerator.current_accelerator()
     bw = benchmark.copy_bandwidth(device)

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from kernelgate.benchmark import graph_us, time_ms
+from kernelgate.tools.benchmark import graph_us, time_ms
 
 H, K, V, W = 32, 128, 128, 4
 
@@ -33,8 +33,8 @@ def cuda_main(prefill_only: bool = False):
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
     from kernelgate import registry
-    from kernelgate.benchmark import copy_bandwidth
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.benchmark import copy_bandwidth
+    from kernelgate.tools.testing import rel_err
     dev = torch.device("cuda")
     conv = registry.get("short_conv_update").impl("triton").callable()
     packed = registry.get("kda_packed_decode").impl("triton").callable()
@@ -144,7 +144,7 @@ def naive_token_loop(q, k, v, g, beta, S, scale):
 
 def cpu_main(T=2048, heads=H):
     from kernelgate.ops.kda.kda_prefill import kda_chunked, make_inputs
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.testing import rel_err
     q, k, v, g, beta, state, _, _ = make_inputs([T], [0], heads, K, V, "cpu", torch.float32,
                                                 torch.Generator().manual_seed(0))
     S0, cpu = state[0], torch.device("cpu")

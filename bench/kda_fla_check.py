@@ -10,7 +10,7 @@ import torch
 
 from kernelgate import registry
 from kernelgate.ops.kda.kda_prefill import host_hints, make_inputs
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 OP = registry.get("kda_prefill")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernelgate.benchmark import copy_bandwidth, graph_us
+from kernelgate.tools.benchmark import copy_bandwidth, graph_us
 from kernelgate.ops.kda.kda_decode import packed_case
 import kernelgate.ops.kda.kda_decode_triton as kd
 

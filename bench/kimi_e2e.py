@@ -34,7 +34,7 @@ TINY = dict(vocab_size=1024, hidden_size=64, intermediate_size=96, moe_intermedi
 
 
 def hf_module(mask_fla: bool):
-    from kernelgate.testing import hf_kimi_linear_module
+    from kernelgate.tools.testing import hf_kimi_linear_module
     return hf_kimi_linear_module(mask_fla)
 
 
@@ -102,7 +102,7 @@ def run_logged(model, ids):
 
 
 def compare(got, ref) -> dict:
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.testing import rel_err
     (out, routes), (ref_out, ref_routes) = got, ref
     # (kernelgate's router may add a unit-weight slot for the shared expert, id E: compare the routed k)
     flips = sum(int((a[:, :b.shape[1]] != b).any(-1).sum()) for a, b in zip(routes, ref_routes))
@@ -183,7 +183,7 @@ def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
     import torch
 
     from kernelgate.engine import SamplingParams, StepBatch
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.testing import rel_err
     engs = [_engine(model, batch, prompt + 8, async_scheduling=False) for _ in range(2)]   # outputs read each step
     if engs[0].runner.graphs is None:
         return None
@@ -382,7 +382,7 @@ def main(argv=None) -> int:
     with registry.forcing(natives):
         measure("kernelgate native", [*(lambda b=b: ours_decode(ours, b, args.prompt, max(4, args.steps // 4))
                                         for b in batches), lambda: ours_prefill(ours, args.prefill, reps=1)])
-    from kernelgate.benchmark import copy_bandwidth
+    from kernelgate.tools.benchmark import copy_bandwidth
     gbps = copy_bandwidth(device)
     ctx = args.prompt + args.steps
     rows["byte floor"] = [decode_floor(ours, b, ctx, gbps) for b in batches] + [float("nan")]

@@ -179,7 +179,7 @@ def _prompt(n, seed=0, vocab=1000):
 def _chunk_check(model, budget, device) -> float:
     """Last-token logits of a 2 x budget prompt: two chunked steps vs one step (rel err)."""
     from kernelgate.engine import StepBatch
-    from kernelgate.testing import rel_err
+    from kernelgate.tools.testing import rel_err
     n, bs = 2 * budget, 64
     nb = -(-n // bs)
     ids = torch.tensor(_prompt(n, 5), device=device)
@@ -239,7 +239,7 @@ def part_prefill(args, model, device):
 
 def part_decode(args, model, device):
     import kernelgate
-    from kernelgate.benchmark import copy_bandwidth
+    from kernelgate.tools.benchmark import copy_bandwidth
     from kernelgate.engine import Timing
     sys.path.insert(0, str(Path(__file__).parent))
     from kimi_e2e import decode_floor
@@ -291,7 +291,7 @@ def part_full(args, device):
     sys.path.insert(0, str(Path(__file__).parent))
     from kimi_e2e import decode_floor, ours_decode
 
-    from kernelgate.benchmark import copy_bandwidth
+    from kernelgate.tools.benchmark import copy_bandwidth
     gbps = copy_bandwidth(device) if device.type == "cuda" else 100.0
     rows = []
     long_runs = ((f"1 x {L}", [_prompt(L, 1)]), (f"4 x {short}", [_prompt(short, 2 + i) for i in range(4)]),

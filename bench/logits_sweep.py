@@ -19,7 +19,7 @@ import time
 import torch
 
 from kernelgate import registry
-from kernelgate.testing import assert_close
+from kernelgate.tools.testing import assert_close
 from sweep_table import row, start, time_us
 
 DEADLINE_S = 90.0  # rows past their share print 'skipped (time)' (a second run finds Triton's cache warm)

@@ -25,8 +25,8 @@ import itertools
 import torch
 
 from kernelgate import forcing, registry
-from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
-from kernelgate.testing import rel_err
+from kernelgate.tools.benchmark import copy_bandwidth, graph_us, time_ms
+from kernelgate.tools.testing import rel_err
 
 FLOOR_GBS = 4200.0
 H, R, DR, BS = 32, 512, 64, 64

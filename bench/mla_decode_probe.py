@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelgate.benchmark import graph_us, time_ms
+from kernelgate.tools.benchmark import graph_us, time_ms
 from kernelgate.ops.mla import mla_decode_triton as T
 from kernelgate.ops.mla.mla_decode import bench_inputs
 

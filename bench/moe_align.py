@@ -3,7 +3,7 @@
 prefill), BLOCK_M from fused_experts.block_m_for. Each call is first checked against a stable
 argsort of the ids (exact equality: the permutation is deterministic), then timed:
 `graph_us` replays 20 calls captured in one CUDA graph (device time, no launch cost; its
-presence also shows there is no host sync), `us` is kernelgate.benchmark.time_ms (launches included).
+presence also shows there is no host sync), `us` is kernelgate.tools.benchmark.time_ms (launches included).
 Rows per chunk size (`chunk`, pairs per program; * marks the default) show where the
 one-chunk (2 launches) and multi-chunk (3 launches) paths win.
 
@@ -51,7 +51,7 @@ def main() -> int:
     import triton.testing
 
     from kernelgate import platform
-    from kernelgate.benchmark import graph_us, time_ms
+    from kernelgate.tools.benchmark import graph_us, time_ms
 
     device = platform.default_device()
     if device.type != "cuda" or platform.interpreting():

@@ -7,7 +7,7 @@ launch configs (BLOCK_T x num_warps) so the heuristic can be checked.
 
     PYTHONPATH=. python bench/moe_routing.py [--T 1 64 4096] [--no-sweep] [--json out.json]
 
-Two timings: `us` is kernelgate.benchmark.time_ms (events around each call, launch included);
+Two timings: `us` is kernelgate.tools.benchmark.time_ms (events around each call, launch included);
 `graph_us` replays the call inside a CUDA graph (device time without Python/launch cost).
 Targets (issue 3, H200): Triton <= 8 us for T <= 64 and <= 25 us at T = 4096.
 """
@@ -32,7 +32,7 @@ def main() -> int:
     import triton.testing
 
     from kernelgate import alloc, platform, registry
-    from kernelgate.benchmark import graph_us, time_ms
+    from kernelgate.tools.benchmark import graph_us, time_ms
     from kernelgate.ops.moe.moe_routing import biased_grouped_topk_native
 
     device = platform.default_device()

@@ -12,7 +12,7 @@ import torch
 
 from kernelgate import registry
 from kernelgate.ops.common import fp8 as _fp8
-from kernelgate.testing import assert_close
+from kernelgate.tools.testing import assert_close
 import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
 import kernelgate.ops.indexer.indexer_q_tok_triton as kq
 

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from kernelgate.benchmark import copy_bandwidth, graph_us, time_ms
+from kernelgate.tools.benchmark import copy_bandwidth, graph_us, time_ms
 
 HEADER = "| case | variant | µs (graph) | of floor | vs native | check |\n|---|---|---:|---:|---:|---|"
 

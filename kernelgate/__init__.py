@@ -1,33 +1,51 @@
 """kernelgate: one registry of kernel declarations for hybrid linear-attention LLMs, with a
-parity suite and a small runtime on top. `kernelgate.ops.<name>(...)` dispatches an op."""
-from . import kernel_cache
+parity suite and a small runtime on top. `kernelgate.ops.<name>(...)` dispatches an op.
 
-kernel_cache.configure()   # before anything compiles: kernels persist between runs
+Nothing heavy is imported here (`kernelgate --version` answers without torch): the names
+below load their modules on first use.
+"""
+from .errors import KernelgateError  # noqa: F401
+from .version import __version__  # noqa: F401
 
-from . import platform, registry  # noqa: F401,E402
-from .platform import KernelgateError  # noqa: F401,E402
-from .registry import force, forcing  # noqa: F401,E402
+_LAZY = {
+    "force": ("registry", "force"), "forcing": ("registry", "forcing"),
+    "EngineConfig": ("config", "EngineConfig"), "Engine": ("engine.engine", "Engine"),
+    "SamplingParams": ("engine.params", "SamplingParams"),
+    "release": ("serving.generate", "release"),
+}
+_SUBMODULES = ("platform", "registry", "ops", "models", "engine", "executor", "serving", "server", "distributed",
+               "config", "envs", "tools", "text")
 
-__version__ = "0.1.0"
+
+def __getattr__(name: str):
+    import importlib
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'kernelgate' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def load_model(path, device=None, dtype=None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False):
     """Load a Kimi Linear checkpoint folder (safetensors + config.json) -> model. Parameters are
     allocated once in their final dtype on `device`; tensors stream from the files into them.
     With tensor_parallel_size N > 1: N processes (this one is rank 0) each read only their shard
-    -> a kernelgate.distributed.ParallelModel, which generate() / Engine run sharded."""
+    -> a ParallelModel, which generate() / Engine run sharded."""
     if tensor_parallel_size != 1 or enable_expert_parallel:
         if device is not None:
             raise KernelgateError("load_model: device is chosen per rank with tensor_parallel_size (one device each)")
-        from .distributed import ParallelModel
+        from .executor.parallel import ParallelModel
         return ParallelModel(path, tensor_parallel_size, enable_expert_parallel, dtype=dtype)
     from .models.loader import load_model as _load
     return _load(path, device=device, dtype=dtype)
 
 
 def generate(model, prompts, **kwargs):
-    """Generate for prompts with continuous batching, chunked prefill and a paged cache; the
-    engine knobs (max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_utilization,
-    block_size, num_cache_blocks) are keyword arguments; see kernelgate.engine.generate."""
-    from .engine.generate import generate as _generate
+    """Generate for prompts with continuous batching, chunked prefill and a paged cache, on an
+    engine the model keeps between calls; see kernelgate.serving.generate."""
+    from .serving.generate import generate as _generate
     return _generate(model, prompts, **kwargs)

@@ -1,9 +1,14 @@
-"""Argument checks shared by op declarations; every message names op, argument, constraint."""
+"""Argument checks shared by op declarations and the runtime's public edges; every message names
+the op (or flag), the argument and the constraint. Types are checked, never coerced (a float is
+not a token id, "2" is not an int, True is not 1)."""
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 
-from .platform import KernelgateError
+from .errors import KernelgateError
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -48,3 +53,35 @@ def same_shape(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Te
 def require(cond: bool, op: str, message: str) -> None:
     if not cond:
         raise KernelgateError(f"{op}: {message}")
+
+
+def is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def require_int(where: str, name: str, x, lo: int | None = None, hi: int | None = None) -> None:
+    if not is_int(x):
+        raise KernelgateError(f"{where}: {name} must be an int, got {type(x).__name__} {x!r}")
+    if lo is not None and x < lo:
+        raise KernelgateError(f"{where}: {name} must be >= {lo}, got {x}")
+    if hi is not None and x > hi:
+        raise KernelgateError(f"{where}: {name} must be <= {hi}, got {x}")
+
+
+def require_number(where: str, name: str, x, lo: float | None = None, hi: float | None = None,
+                   lo_open: bool = False) -> None:
+    if not is_number(x) or not math.isfinite(x):
+        raise KernelgateError(f"{where}: {name} must be a finite number, got {x!r}")
+    if lo is not None and (x <= lo if lo_open else x < lo):
+        raise KernelgateError(f"{where}: {name} must be {'>' if lo_open else '>='} {lo}, got {x}")
+    if hi is not None and x > hi:
+        raise KernelgateError(f"{where}: {name} must be <= {hi}, got {x}")
+
+
+def require_bool(where: str, name: str, x) -> None:
+    if not isinstance(x, bool):
+        raise KernelgateError(f"{where}: {name} must be a bool, got {x!r}")

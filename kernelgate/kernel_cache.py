@@ -9,25 +9,16 @@ marker per (device, kernelgate version, torch, triton) there once a warm-up has 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
+
+from . import envs
 
 
 def root() -> Path:
-    return Path(os.environ.get("KERNELGATE_CACHE_DIR") or Path.home() / ".cache" / "kernelgate")
+    return Path(envs.get("KERNELGATE_CACHE_DIR") or Path.home() / ".cache" / "kernelgate")
 
 
 def configure() -> None:
     """Point Triton's compile and autotune caches at kernelgate's folder (user settings win)."""
     os.environ.setdefault("TRITON_CACHE_DIR", str(root() / "triton"))
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-
-
-def marker(device_name: str) -> Path:
-    """The file that says a warm-up finished for this device and these versions."""
-    import torch
-
-    from . import __version__, platform
-    triton = platform.library_version("triton") or "none"
-    key = f"{device_name}-kg{__version__}-torch{torch.__version__}-triton{triton}"
-    return root() / "warm" / re.sub(r"[^A-Za-z0-9_.+-]+", "_", key)

@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import envs, kernel_cache
+from .errors import KernelgateError
+
+kernel_cache.configure()   # before anything compiles: kernels persist between runs
+
 PLATFORMS = ("cuda", "rocm", "xpu", "npu", "mps", "cpu")
 # Platforms whose devices Triton compiles for.
 TRITON_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
@@ -50,10 +55,6 @@ XPU_ARCHS = {
     0x0500400400: "bmg",   # Arc B580 / B570 (BMG-G21, Xe2-HPG)
     0x0501000400: "lnl",   # Lunar Lake iGPU
 }
-
-
-class KernelgateError(ValueError):
-    """Bad input or configuration; the message names the op, the argument and the constraint."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def current() -> Platform:
         if isinstance(sim, tuple):
             _current.append(_platform_of_device(*sim))
         else:
-            name = sim or os.environ.get("KERNELGATE_PLATFORM") or None
+            name = sim or envs.get("KERNELGATE_PLATFORM")
             _current.append(_platform_for(name, interpreting()))
     return _current[0]
 

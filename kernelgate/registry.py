@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-import os
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -24,8 +23,10 @@ from typing import Any, Callable
 
 import torch
 
+from . import envs
 from . import platform as _platform
-from .platform import KernelgateError, Platform
+from .errors import KernelgateError
+from .platform import Platform
 
 ALL_PLATFORMS = frozenset(_platform.PLATFORMS)
 GPU_TRITON = frozenset({"cuda", "rocm", "xpu"})  # portable Triton: declare for all three
@@ -239,6 +240,8 @@ class Op:
                               + "; ".join(f"{i.name}: {r}" for i, r in skipped))
 
     def _miss(self, key, args, kwargs):
+        if _env_error:
+            raise _env_error[0]
         impl = self.select(args, kwargs)
         fn = impl.callable()
         if key is not None:
@@ -302,7 +305,7 @@ def ops() -> dict[str, Op]:
 
 def preload() -> threading.Thread:
     """Import, in a background thread, every implementation declared for this platform and the
-    libraries it needs (fla's ops take ~5 s to import, Triton kernels ~1-2 s to decorate): `kernelgate
+    libraries it needs (fla's ops take seconds to import, Triton kernels a second or two): `kernelgate
     run` / `serve` start it before a checkpoint loads, so the imports overlap its reading instead of
     delaying the first step.
     Dispatch is unchanged (the same checks resolve the same modules, once)."""
@@ -352,7 +355,7 @@ def parse_overrides(text: str) -> dict[str, str]:
 
 def _forced() -> dict[str, str]:
     if not _forced_cache:
-        env = parse_overrides(os.environ.get("KERNELGATE_FORCE", ""))
+        env = parse_overrides(envs.get("KERNELGATE_FORCE"))
         _forced_cache.append({**env, **_api_forced})
     return _forced_cache[0]
 
@@ -386,18 +389,27 @@ def forcing(overrides: dict[str, str] | str):
 def refresh() -> None:
     """Re-read overrides, KERNELGATE_CHECKS and the platform; drop cached choices."""
     _forced_cache.clear()
+    _env_error.clear()
     _checks_on[0] = _checked_blocks[-1] if _checked_blocks else _env_checks()   # a checked() block wins
     _platform.refresh()
 
 
 def _env_checks() -> bool:
-    value = os.environ.get("KERNELGATE_CHECKS", "0").strip().lower()
-    if value not in ("0", "1", "", "true", "false", "on", "off", "yes", "no"):
-        raise KernelgateError(f"KERNELGATE_CHECKS={value!r}: expected 0 or 1")
-    return value in ("1", "true", "on", "yes")
+    return envs.get("KERNELGATE_CHECKS")
 
 
-_checks_on = [_env_checks()]
+def _env_checks_at_import() -> bool:
+    """At import a bad value is not raised (`kernelgate --version` must answer): the first op
+    call that dispatches raises it instead (see Op._miss)."""
+    try:
+        return _env_checks()
+    except KernelgateError as e:
+        _env_error.append(e)
+        return False
+
+
+_env_error: list = []
+_checks_on = [_env_checks_at_import()]
 _checked_blocks: list[bool] = []   # innermost checked() block last; refresh() keeps its choice
 
 
@@ -432,7 +444,7 @@ _plan: dict[str, dict[str, int]] = {}
 def _trace(op: str, impl: Impl) -> None:
     counts = _plan.setdefault(op, {})
     counts[impl.name] = counts.get(impl.name, 0) + 1
-    if os.environ.get("KERNELGATE_TRACE"):
+    if envs.get("KERNELGATE_TRACE"):
         print(f"[kernelgate] {op} -> {impl.name} ({impl.provider}) on {_platform.current().name}")
 
 

@@ -5,7 +5,7 @@ On a CPU machine, Triton implementations run under TRITON_INTERPRET=1."""
 import pytest
 
 from kernelgate import registry
-from kernelgate.testing import check_impl
+from kernelgate.tools.testing import check_impl
 
 
 def _params():

@@ -18,20 +18,24 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _debug() -> bool:
+    from .. import envs
+    try:
+        return envs.get("KERNELGATE_DEBUG")
+    except Exception:  # noqa: BLE001 - the error being reported matters more
+        return False
+
+
 def _apply_common(args) -> None:
+    from .. import envs
+    envs.check_all()          # every KERNELGATE_* value that is set: one line for a bad one
     if getattr(args, "platform", None):
         os.environ["KERNELGATE_PLATFORM"] = args.platform
     if getattr(args, "force", None):
         prev = os.environ.get("KERNELGATE_FORCE", "")
         os.environ["KERNELGATE_FORCE"] = ",".join(filter(None, [prev, *args.force]))
+    from .args import apply_env
     apply_env()
-
-
-def apply_env() -> None:
-    """The registry as KERNELGATE_PLATFORM / KERNELGATE_FORCE say (a command's own processes too)."""
-    from .. import registry
-    registry.refresh()
-    registry.parse_overrides(os.environ.get("KERNELGATE_FORCE", ""))  # unknown names fail now
 
 
 def common(p) -> None:
@@ -40,7 +44,7 @@ def common(p) -> None:
 
 
 def parser() -> Parser:
-    from .. import __version__
+    from ..version import __version__
     from . import ops, run, serve, warmup
     ap = Parser(prog="kernelgate", description=__doc__.splitlines()[0])
     ap.add_argument("--version", action="version", version=f"kernelgate {__version__}")
@@ -53,8 +57,12 @@ def parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..platform import KernelgateError
+    from ..errors import KernelgateError
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:          # answered before any flag table is built (no torch import)
+        from ..version import __version__
+        print(f"kernelgate {__version__}")
+        return 0
     try:
         if argv[:2] == ["bench", "serve"]:
             from . import bench_serve
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kernelgate: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - one line for the user; the traceback on request
-        if os.environ.get("KERNELGATE_DEBUG") == "1":
+        if _debug():
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"kernelgate: error: {type(e).__name__}: {msg} (KERNELGATE_DEBUG=1 shows the traceback)",

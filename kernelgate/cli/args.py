@@ -1,22 +1,24 @@
-"""Flags shared by `run` and `serve`, each checked when parsed: a bad value is one line and rc 2.
+"""Flags shared by `run`, `serve` and `warmup`, each checked when parsed: a bad value is one line
+and rc 2.
 
-The engine flags have vLLM's names and meanings and go to `Engine(...)` as keyword
-arguments; a flag left unset keeps the engine's default.
+The engine flags are built from `EngineConfig`'s fields (kernelgate/config.py: vLLM's names,
+meanings, defaults and bounds, written once there); a flag left unset keeps the default.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import os
 
-from ..platform import KernelgateError
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "half": "float16"}
 
-ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "gpu_memory_utilization",
-                "block_size", "num_cache_blocks", "tensor_parallel_size", "enable_expert_parallel",
-                "scheduler_delay_factor")
+
+def apply_env() -> None:
+    """The registry as KERNELGATE_PLATFORM / KERNELGATE_FORCE say (a command's own processes too)."""
+    from .. import envs, registry
+    registry.refresh()
+    registry.parse_overrides(envs.get("KERNELGATE_FORCE"))  # unknown names fail now
 
 
 def dtype(s: str) -> str:
@@ -68,13 +70,6 @@ def float_in(lo: float, hi: float, lo_open: bool = False):
     return parse
 
 
-def check_env() -> None:
-    """Environment knobs the engine reads, checked up front."""
-    g = os.environ.get("KERNELGATE_GRAPHS")
-    if g is not None and g not in ("0", "1"):
-        raise KernelgateError(f"KERNELGATE_GRAPHS={g!r}: must be 0 (eager decode) or 1 (device graphs)")
-
-
 def add_model_args(p) -> None:
     p.add_argument("--model", help="checkpoint folder (default: the built-in small model, seeded weights, "
                                    "byte tokenizer)")
@@ -83,25 +78,31 @@ def add_model_args(p) -> None:
                                                "built-in: float32)")
 
 
-def add_engine_args(p, max_num_seqs_default: int | None = None) -> None:
+def add_engine_args(p, **defaults) -> None:
+    """One flag per EngineConfig field (`--max-num-seqs`, ...); `defaults` override the config's
+    defaults for this command (shown in --help)."""
+    from ..config import knobs
     g = p.add_argument_group("engine")
-    g.add_argument("--max-num-seqs", type=int_at_least(1), default=max_num_seqs_default,
-                   help="sequences in flight at once")
-    g.add_argument("--max-model-len", type=int_at_least(2), default=4096,
-                   help="longest prompt + output, in tokens (default 4096)")
-    g.add_argument("--max-num-batched-tokens", type=int_at_least(1), help="tokens per engine step")
-    g.add_argument("--gpu-memory-utilization", type=float_in(0.0, 1.0, lo_open=True),
-                   help="share of device memory to use (0, 1]")
-    g.add_argument("--block-size", type=int_at_least(1), help="cache block size in tokens")
-    g.add_argument("--num-cache-blocks", type=int_at_least(1), help="pin the number of cache blocks")
-    g.add_argument("--tensor-parallel-size", "--tp", type=int_at_least(1), dest="tensor_parallel_size",
-                   help="run the model sharded over N processes, one per device (default 1)")
-    g.add_argument("--scheduler-delay-factor", type=float_in(0.0, 1000.0),
-                   help="while requests run, admit new prompts once the oldest waiting one has waited this many "
-                        "times the last admitting step (0: at once; default 0, serve: see its help)")
-    g.add_argument("--enable-expert-parallel", action="store_true", default=None,
-                   help="with --tp N: each rank holds E/N routed experts instead of a slice of every expert")
+    for f in knobs():
+        m = f.metadata
+        if not m["flag"]:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        names = [flag, "--tp"] if f.name == "tensor_parallel_size" else [flag]
+        default = defaults.get(f.name, f.default)
+        shown = f" (default {default})" if default is not None and f.type != "bool" else ""
+        if f.type == "bool":
+            g.add_argument(*names, dest=f.name, action="store_true", default=None, help=m["help"])
+        elif f.type.startswith("int"):
+            g.add_argument(*names, dest=f.name, type=int_at_least(m["lo"]), default=defaults.get(f.name),
+                           metavar="N", help=m["help"] + shown)
+        else:
+            g.add_argument(*names, dest=f.name, type=float_in(m["lo"], m["hi"], lo_open=m["lo_open"]),
+                           default=defaults.get(f.name), metavar="X", help=m["help"] + shown)
 
 
-def engine_kwargs(args) -> dict:
-    return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None}
+def engine_config(args, **defaults):
+    """The EngineConfig the flags ask for (unset flags: `defaults`, then the config's defaults)."""
+    from ..config import EngineConfig, names
+    chosen = {**defaults, **{k: getattr(args, k) for k in names() if getattr(args, k, None) is not None}}
+    return EngineConfig.of(None, **chosen)

@@ -278,7 +278,7 @@ def table(res: dict) -> str:
 
 
 def main(args) -> int:
-    from ..platform import KernelgateError
+    from ..errors import KernelgateError
     try:
         res = _bench(args)
     except RuntimeError as e:

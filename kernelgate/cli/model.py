@@ -14,7 +14,7 @@ def builtin_model(device=None, dtype=None, seed: int = 0):
 
     from ..models import build, tiny
     from ..platform import default_device
-    from ..tokenizer import ByteTokenizer
+    from ..text.byte_tokenizer import ByteTokenizer
     tok = ByteTokenizer()
     config = tiny(vocab_size=tok.vocab_size, eos_token_ids=list(tok.eos_token_ids))
     model = build(config, device=device or default_device(), dtype=getattr(torch, dtype or "float32"), seed=seed)
@@ -26,7 +26,7 @@ def load(args):
     """(model, description) from --model / --device / --dtype."""
     from .. import load_model, registry
     if args.model:
-        registry.preload()     # kernel modules and libraries (fla: ~5 s) import while the weights are read
+        registry.preload()     # kernel modules and libraries (fla: seconds) import while the weights are read
         tp = dict(tensor_parallel_size=getattr(args, "tensor_parallel_size", None) or 1,
                   enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", None)))
         return load_model(args.model, device=args.device, dtype=args.dtype, **tp), args.model
@@ -40,5 +40,5 @@ def load_tokenizer(args):
 
         from ..models.loader import load_tokenizer as from_folder
         return from_folder(Path(args.model))
-    from ..tokenizer import ByteTokenizer
+    from ..text.byte_tokenizer import ByteTokenizer
     return ByteTokenizer()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import json
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 
 
 def doctor_report() -> dict:
@@ -54,7 +54,8 @@ def _known(names: list[str], what: str) -> None:
 
 
 def bench(args) -> int:
-    from .. import benchmark, registry
+    from .. import registry
+    from ..tools import benchmark
     from .progress import Progress
     names = sorted(registry.ops()) if args.op == "all" else [args.op]
     _known(names, "bench")
@@ -86,7 +87,7 @@ def bench(args) -> int:
 
 def check(args) -> int:
     from .. import platform, registry
-    from ..testing import check_impl
+    from ..tools.testing import check_impl
     _known(args.op, "check")
     device = platform.default_device()
     failed = passed = skipped = 0

@@ -8,10 +8,11 @@ first `--stop` string.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 from . import args as flags
 
 
@@ -26,7 +27,8 @@ def add_parser(sub, common) -> None:
                                                        "tokenizer's chat template")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--max-new-tokens", type=flags.int_at_least(1), default=16)
-    p.add_argument("--batch", type=flags.int_at_least(1), default=4, help="number of prompts run together (default 4)")
+    p.add_argument("--batch", type=flags.int_at_least(1), help="number of prompts run together (default: the "
+                   "prompts given, each once; with none, 4 random ones)")
     p.add_argument("--temperature", type=flags.float_in(0.0, float("inf")), default=0.0)
     p.add_argument("--top-p", type=flags.float_in(0.0, 1.0, lo_open=True), default=1.0)
     p.add_argument("--top-k", type=flags.int_at_least(0), default=0)
@@ -65,67 +67,54 @@ def _prompts(args, model) -> list[list[int]]:
             raise KernelgateError(f"run: prompt {ids[:8]}{'...' if len(ids) > 8 else ''} must be non-empty "
                                   f"token ids in [0, {V})")
     if out:
-        return (out * args.batch)[:max(args.batch, len(out))]
+        return (out * (args.batch or 1))[:max(args.batch or 1, len(out))]
     g = torch.Generator().manual_seed(args.seed)
     return [torch.randint(0, V, (int(n),), generator=g).tolist()
-            for n in torch.randint(4, 24, (args.batch,), generator=g)]
+            for n in torch.randint(4, 24, (args.batch or 4,), generator=g)]
 
 
-def _drive(engine, prompts, params, tokenizer, stops, progress=None):
-    """Run prompts to the end -> (results, timing). A step in which some request got its first
-    token counts as prefill (its prompt tokens), any other step as decode."""
-    from ..server.detokenizer import Detokenizer
+def _generate(engine, prompts, params, tokenizer, stops, progress=None):
+    """Run prompts to the end through the shared drive loop -> (results, Timing). A request whose
+    text reaches a --stop string is aborted there (its text ends before it)."""
+    from ..serving.drive import Timing, drive
+    from ..text.detokenizer import Detokenizer
     ids = [f"r{i}" for i in range(len(prompts))]
-    for rid, p, sp in zip(ids, prompts, params):
-        engine.add_request(rid, p, sp)
-    res = {rid: {"prompt_ids": p, "token_ids": [], "finish_reason": None, "detok": Detokenizer(tokenizer, stops)}
-           for rid, p in zip(ids, prompts)}
-    t = dict(prefill_tokens=0, prefill_s=0.0, decode_tokens=0, decode_s=0.0)
-    done = 0
-    while engine.has_unfinished():
-        t0 = time.perf_counter()
-        outs = engine.step()
-        dt = time.perf_counter() - t0
-        first = sum(o.prompt_len for o in outs if o.new_token_ids and o.num_output_tokens == len(o.new_token_ids))
-        new = sum(len(o.new_token_ids) for o in outs)
-        kind = "prefill" if first else "decode"
-        t[f"{kind}_tokens"] += first if first else new
-        t[f"{kind}_s"] += dt
-        for o in outs:
-            r = res[o.request_id]
-            r["token_ids"] += o.new_token_ids
-            r["detok"].update(o.new_token_ids)
-            if r["detok"].stopped is not None and not o.finished:
-                engine.abort(o.request_id)
-                r["finish_reason"] = "stop"
-            elif o.finished and r["finish_reason"] is None:
-                r["finish_reason"] = o.finish_reason
-                if o.finish_reason == "error":
-                    raise KernelgateError(f"run: request {o.request_id} failed in the engine: {o.error}")
-        done += new
-        if progress is not None:
-            progress(done)
+    detok = {rid: Detokenizer(tokenizer, stops) for rid in ids}
+    stopped = set()
+
+    def on_output(o):
+        d = detok[o.request_id]
+        d.update(o.new_token_ids)
+        if d.stopped is not None and not o.finished:
+            engine.abort(o.request_id)
+            stopped.add(o.request_id)
+    timing = Timing()
+    got = drive(engine, list(zip(ids, prompts, params)), on_output=on_output, timing=timing, progress=progress)
     results = []
-    for r in res.values():
-        detok = r.pop("detok")
-        detok.finish()
-        r["text"] = detok.text if tokenizer is not None else None
-        results.append(r)
-    return results, t
+    for rid, prompt in zip(ids, prompts):
+        r = got[rid]
+        if r.finish_reason == "error":
+            raise KernelgateError(f"run: request {rid} failed in the engine: {r.error}")
+        d = detok[rid]
+        d.finish()
+        results.append({"prompt_ids": prompt, "token_ids": r.token_ids,
+                        "finish_reason": "stop" if rid in stopped else r.finish_reason,
+                        "text": d.text if tokenizer is not None else None})
+    return results, timing
 
 
 def main(args) -> int:
     from .. import platform, registry
     from ..engine.engine import Engine
-    from ..engine.graphs import graph_api
-    from ..engine.sampling import SamplingParams
-    from ..engine.warmup import warm_up
+    from ..engine.params import SamplingParams
+    from ..executor.graphs import graph_api
+    from ..serving.warmup import warm_up
     from .model import load
     from .progress import Progress
-    flags.check_env()
-    if args.max_new_tokens >= args.max_model_len:
+    max_len = flags.engine_config(args).max_model_len
+    if args.max_new_tokens >= max_len:
         raise KernelgateError(f"run: --max-new-tokens {args.max_new_tokens} leaves no room for a prompt in "
-                              f"--max-model-len {args.max_model_len}")
+                              f"--max-model-len {max_len}")
     say = (lambda m: None) if args.json else (lambda m: print(m, flush=True))
     t0 = time.perf_counter()
     say(f"loading {args.model or 'the built-in model'}...")
@@ -133,13 +122,12 @@ def main(args) -> int:
     say(f"loaded in {time.perf_counter() - t0:.1f} s")
     prompts = _prompts(args, model)
     longest = max(len(p) for p in prompts)
-    if longest + args.max_new_tokens > args.max_model_len:
+    if longest + args.max_new_tokens > max_len:
         raise KernelgateError(f"run: the longest prompt ({longest} tokens) + --max-new-tokens {args.max_new_tokens} "
-                              f"exceeds --max-model-len {args.max_model_len}")
-    kw = flags.engine_kwargs(args)
-    kw.setdefault("max_num_seqs", len(prompts))
+                              f"exceeds --max-model-len {max_len}")
+    config = flags.engine_config(args, max_num_seqs=len(prompts))
     t0 = time.perf_counter()
-    engine = Engine(model, **kw)
+    engine = Engine(model, config)
     say(f"engine ready in {time.perf_counter() - t0:.1f} s; {engine.capacity.report()}")
     stops = tuple(model.config.eos_token_ids)
 
@@ -150,18 +138,17 @@ def main(args) -> int:
     plan = registry.plan()
     impls = {name: {i: registry.get(name).impls[i].provider for i in chosen} for name, chosen in plan.items()}
     with Progress("generating", len(prompts) * args.max_new_tokens, quiet=args.json) as bar:
-        results, timing = _drive(engine, prompts, [params(i, args.max_new_tokens) for i in range(len(prompts))],
-                                 model.tokenizer, args.stop, bar.update)
+        results, timing = _generate(engine, prompts, [params(i, args.max_new_tokens) for i in range(len(prompts))],
+                                    model.tokenizer, args.stop, bar.update)
     plat = platform.current()
     graphs_reason = graph_api(model.device)[1]
-    rate = {k: round(timing[f"{k}_tokens"] / timing[f"{k}_s"], 1) if timing[f"{k}_s"] > 0 else 0.0
-            for k in ("prefill", "decode")}
+    rate = {k: round(timing.rate(k), 1) for k in ("prefill", "decode")}
     report = {
         "model": source, "platform": plat.name, "real_platform": plat.real, "device": str(model.device),
-        "dtype": str(model.dtype).replace("torch.", ""), "plan": impls, "engine": kw,
+        "dtype": str(model.dtype).replace("torch.", ""), "plan": impls, "engine": dataclasses.asdict(config),
         "decode_graphs": graphs_reason is None, "decode_graphs_reason": graphs_reason,
-        "prefill_tokens": timing["prefill_tokens"], "prefill_tokens_per_s": rate["prefill"],
-        "decode_tokens": timing["decode_tokens"], "decode_tokens_per_s": rate["decode"],
+        "prefill_tokens": timing.prefill_tokens, "prefill_tokens_per_s": rate["prefill"],
+        "decode_tokens": timing.decode_tokens, "decode_tokens_per_s": rate["decode"],
         "results": results,
     }
     if args.json:
@@ -178,6 +165,6 @@ def main(args) -> int:
     for i, r in enumerate(results):
         shown = repr(r["text"]) if r["text"] is not None else " ".join(map(str, r["token_ids"]))
         print(f"[{i}] {len(r['prompt_ids'])} prompt tokens -> {len(r['token_ids'])} new ({r['finish_reason']}): {shown}")
-    print(f"\nprefill {timing['prefill_tokens']} tokens at {rate['prefill']} tokens/s; "
-          f"decode {timing['decode_tokens']} tokens at {rate['decode']} tokens/s (batch {len(prompts)})")
+    print(f"\nprefill {timing.prefill_tokens} tokens at {rate['prefill']} tokens/s; "
+          f"decode {timing.decode_tokens} tokens at {rate['decode']} tokens/s (batch {len(prompts)})")
     return 0

@@ -14,7 +14,8 @@ import logging
 import signal
 import sys
 
-from ..platform import KernelgateError
+from .. import envs
+from ..errors import KernelgateError
 from . import args as flags
 
 
@@ -36,7 +37,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine in a process of its own, apart from the HTTP server's Python work "
                         "(default; --no-engine-process: on a thread of the server)")
-    flags.add_engine_args(p, max_num_seqs_default=16)
+    flags.add_engine_args(p)
     p.set_defaults(fn=main)
 
 
@@ -63,13 +64,12 @@ def build_engine(args):
     """The engine `serve` runs, built and warmed up (in the engine process unless
     --no-engine-process); -> (engine, what the server needs to know of the model)."""
     from ..engine.engine import Engine
-    from ..engine.warmup import warm_up
-    from . import apply_env
+    from ..serving.warmup import warm_up
     from .model import load
-    apply_env()
+    flags.apply_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     model, source = load(args)
-    engine = Engine(model, **flags.engine_kwargs(args))
+    engine = Engine(model, flags.engine_config(args))
     # every shape a step may meet, where kernels are compiled and autotuned per shape (not on a CPU)
     warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True),
             every_shape=model.device.type != "cpu")
@@ -78,19 +78,17 @@ def build_engine(args):
 
 
 def main(args) -> int:
-    import os
     from pathlib import Path
 
     import uvicorn
 
-    from ..engine.async_engine import AsyncEngine
-    from ..engine.core_process import EngineProcess
     from ..engine.engine import freeze_heap
+    from ..serving.async_engine import AsyncEngine
+    from ..serving.core_process import EngineProcess
     from ..server.app import create_app
     from ..server.jobs import ModelInfo
     from ..server.metrics import Metrics
     from .model import BUILTIN, load_tokenizer
-    flags.check_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.engine_process:
         core = EngineProcess(build_engine, args).spawn()
@@ -99,12 +97,12 @@ def main(args) -> int:
     else:
         core, got = build_engine(args)
         tokenizer = core.model.tokenizer
-    kw = flags.engine_kwargs(args)
+    engine_config = flags.engine_config(args)
     name = args.served_model_name or (Path(args.model).resolve().name if args.model else BUILTIN)
     metrics = Metrics(name)
     aengine = AsyncEngine(core, max_queued=args.max_queued_requests, observer=metrics).start()
-    info = ModelInfo(name, tokenizer, args.max_model_len, got["vocab_size"], got["eos_token_ids"])
-    api_key = args.api_key or os.environ.get("KERNELGATE_API_KEY") or None
+    info = ModelInfo(name, tokenizer, engine_config.max_model_len, got["vocab_size"], got["eos_token_ids"])
+    api_key = args.api_key or envs.get("KERNELGATE_API_KEY") or None
     app = create_app(aengine, info, metrics, api_key=api_key, shutdown_timeout=1.0)
     # uvicorn's own drain outlasts the engine's, so aborted streams still send their last chunk
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -116,8 +114,8 @@ def main(args) -> int:
         signal.signal(sig, lambda s, f: got_signal.append(s))
     where = "its own process" if args.engine_process else "a thread of the server"
     print(f"kernelgate serve: {got['source']} as {name!r} on http://{args.host}:{args.port}/v1 "
-          f"(max_model_len {args.max_model_len}, engine {kw} in {where})", file=sys.stderr, flush=True)
-    freeze_heap()    # this process holds torch and the tokenizer too: no 0.1-0.3 s collection mid-burst
+          f"(max_model_len {engine_config.max_model_len}, engine in {where})", file=sys.stderr, flush=True)
+    freeze_heap()    # this process holds torch and the tokenizer too: no long collection mid-burst
     server.run()
     if not server.started and not got_signal:
         raise KernelgateError(f"serve: could not start on {args.host}:{args.port} (see the log above)")

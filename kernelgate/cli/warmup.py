@@ -13,20 +13,19 @@ def add_parser(sub, common) -> None:
     p = sub.add_parser("warmup", help="compile and autotune every kernel a model needs, ahead of time")
     common(p)
     flags.add_model_args(p)
-    flags.add_engine_args(p, max_num_seqs_default=16)
+    flags.add_engine_args(p)
     p.set_defaults(fn=main)
 
 
 def main(args) -> int:
     from .. import kernel_cache
     from ..engine.engine import Engine
-    from ..engine.warmup import warm_up
+    from ..serving.warmup import warm_up
     from .model import load
-    flags.check_env()
     t0 = time.perf_counter()
     model, source = load(args)
     print(f"model {source} loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    engine = Engine(model, **flags.engine_kwargs(args))
+    engine = Engine(model, flags.engine_config(args))
     warm_up(engine, log=lambda m: print(m, flush=True), every_shape=model.device.type != "cpu")
     print(f"kernel cache: {kernel_cache.root()}")
     return 0

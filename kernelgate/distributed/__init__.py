@@ -1,15 +1,11 @@
-"""Tensor and expert parallel over torch.distributed (backend: the platform layer's declaration).
+"""Process groups and worker launch for tensor / expert parallel (backend: the platform layer's
+declaration).
 
-    model = kernelgate.load_model(path, tensor_parallel_size=2, enable_expert_parallel=True)
-    kernelgate.generate(model, prompts)                 # or generate(model, ..., tensor_parallel_size=2)
-
-group.py   process groups (model collectives on nccl / xccl / hccl / gloo; metadata on gloo)
+group.py   process groups (model collectives on nccl / xccl / hccl / gloo; commands on gloo) and
+           the command channel (int words for a step, pickled objects otherwise)
 launch.py  worker ranks: spawned here or from torchrun's environment; fault monitor
-worker.py  a worker rank's command loop
-runner.py  the model runner every rank uses (decode graphs agreed over the ranks, one cache size)
-driver.py  ParallelModel (the driver's handle) and the runner that broadcasts each step
-The model side (which slice each rank holds, the collectives) is kernelgate/models/parallel.py.
+What runs on the ranks (the driver's model and runner, the workers' command loop) is the
+executor's: kernelgate/executor/parallel.
 """
 from ..platform import collective_backend, collective_line  # noqa: F401
-from .driver import ParallelModel, parallelize  # noqa: F401
 from .group import backend  # noqa: F401

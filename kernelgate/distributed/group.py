@@ -12,7 +12,8 @@ limit (the command group), so a server may sit idle for days.
 
 Commands: a decode or prefill step (the hot path) goes as int32 words in one fixed-size
 tensor broadcast (a second one only for a step that does not fit); anything else as a
-pickled object after a header that says so.
+pickled object after a header that says so. What the words mean is the executor's business
+(StepPlan.to_words / from_words).
 """
 from __future__ import annotations
 
@@ -23,29 +24,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import platform
+from .. import envs, platform
 from ..models.parallel import Parallel
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 
 # idle workers wait for the driver's next command as long as it likes: no timeout that bites
 COMMAND_TIMEOUT = timedelta(days=7)
-DEFAULT_TIMEOUT_S = 300.0
 HEAD = 4096                  # int32 words per command broadcast: [kind, payload length, payload...]
 OBJECT, STEP = 0, 1
 
 
 def collective_timeout() -> timedelta:
     """KERNELGATE_DIST_TIMEOUT: seconds a model collective may wait for its peers."""
-    raw = os.environ.get("KERNELGATE_DIST_TIMEOUT", "").strip()
-    if not raw:
-        return timedelta(seconds=DEFAULT_TIMEOUT_S)
-    try:
-        s = float(raw)
-    except ValueError:
-        s = -1.0
-    if not s > 0:
-        raise KernelgateError(f"KERNELGATE_DIST_TIMEOUT={raw!r}: must be seconds > 0")
-    return timedelta(seconds=s)
+    return timedelta(seconds=envs.get("KERNELGATE_DIST_TIMEOUT"))
 
 
 def backend() -> tuple[str, str]:
@@ -92,40 +83,10 @@ def nccl_env() -> None:
     os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
 
 
-def pack_step(meta: dict) -> list:
-    """A step's metadata (ModelRunner.run's dict) -> int words."""
-    fs, fb = meta["fresh"]
-    tables = meta["tables"]
-    words = [len(meta["lengths"]), len(meta["tokens"]), len(fs), len(fb)]
-    words += meta["tokens"]
-    words += meta["lengths"]
-    words += meta["slots"]
-    words += meta["starts"]
-    words += [len(t) for t in tables]
-    for t in tables:
-        words += t
-    words += fs
-    words += fb
-    return words
-
-
-def unpack_step(w: list) -> dict:
-    n, nt, nfs, nfb = w[:4]
-    i = 4
-
-    def take(k):
-        nonlocal i
-        i += k
-        return w[i - k:i]
-    tokens, lengths, slots, starts, widths = take(nt), take(n), take(n), take(n), take(n)
-    tables = [take(k) for k in widths]
-    return {"fresh": (take(nfs), take(nfb)), "tokens": tokens, "lengths": lengths, "slots": slots,
-            "starts": starts, "tables": tables}
-
-
 def frame(op: str, arg) -> list:
-    """The words a command is broadcast as: [kind, payload length, payload...]."""
-    words = [STEP, 0, *pack_step(arg)] if op == "step" else [OBJECT, 0]
+    """The words a command is broadcast as: [kind, payload length, payload...]; a "step"'s
+    argument is its int words (the executor's StepPlan.to_words)."""
+    words = [STEP, 0, *arg] if op == "step" else [OBJECT, 0]
     words[1] = len(words) - 2
     return words
 
@@ -135,8 +96,8 @@ def remainder(head: list) -> int:
     return max(0, head[1] + 2 - HEAD)
 
 
-def unframe(words: list) -> dict:
-    return unpack_step(words[2:2 + words[1]])
+def unframe(words: list) -> list:
+    return words[2:2 + words[1]]
 
 
 class Groups:

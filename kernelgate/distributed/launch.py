@@ -1,7 +1,7 @@
 """Start the worker ranks and watch them.
 
 `Workers.spawn(n)`: this process becomes rank 0 (the driver); ranks 1..n-1 are fresh
-interpreters (`python -m kernelgate.distributed`) that rendezvous on a TCPStore at a free
+interpreters (`python -m <the caller's rank module>`, kernelgate.executor.parallel) that rendezvous on a TCPStore at a free
 port of 127.0.0.1. `Workers.from_env()`: a torchrun-style launch (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT); ranks > 0 serve the driver and exit with it.
 
@@ -29,17 +29,26 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 from .group import Groups, check_world_size, collective_timeout, nccl_env
-from .worker import Worker, describe
 
 START_TIMEOUT_S = 120.0      # all ranks must join by then (a rank that dies says so at once)
 GRACE_S = 10.0               # a dead rank not surfaced by the driver by then ends the job
+
+
+def describe(e: BaseException) -> str:
+    """One line of what went wrong: a KernelgateError's message, else type, message and where."""
+    if isinstance(e, KernelgateError):
+        return str(e)
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    return f"{type(e).__name__}: {e}{where}"
 
 
 def _free_port() -> int:
@@ -89,7 +98,8 @@ class Workers:
 
     # ---- start
     @classmethod
-    def spawn(cls, size: int) -> "Workers":
+    def spawn(cls, size: int, module: str) -> "Workers":
+        """module: what each rank runs (`python -m module RANK SIZE HOST PORT`)."""
         check_world_size(size)
         collective_timeout()                     # a bad KERNELGATE_DIST_TIMEOUT: an error before any process starts
         nccl_env()
@@ -100,7 +110,7 @@ class Workers:
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        procs = [subprocess.Popen([sys.executable, "-m", "kernelgate.distributed", str(r), str(size), host,
+        procs = [subprocess.Popen([sys.executable, "-m", module, str(r), str(size), host,
                                    str(port)], env=env) for r in range(1, size)]
         t0 = time.monotonic()
         for r, p in enumerate(procs, start=1):     # wait for each rank, or its death
@@ -126,13 +136,14 @@ class Workers:
         return w
 
     @classmethod
-    def from_env(cls) -> "Workers":
-        """torchrun: every rank runs the caller's script; ranks > 0 serve rank 0, then exit."""
+    def from_env(cls, serve) -> "Workers":
+        """torchrun: every rank runs the caller's script; ranks > 0 run serve(groups) (they follow
+        rank 0's commands), then exit."""
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         groups = Groups(rank, size, None, local)
         if rank != 0:
-            Worker(groups).serve()
+            serve(groups)
             sys.exit(0)
         return cls(groups, [], None, size)
 
@@ -259,9 +270,10 @@ def _forget(w: Workers, abort: bool = False) -> None:
         pass
 
 
-def workers(size: int) -> Workers:
+def workers(size: int, module: str, serve) -> Workers:
     """The process's worker group of `size` ranks (one per process: torch.distributed has one
-    default group); reused across models and engines, replaced when the size changes."""
+    default group); reused across models and engines, replaced when the size changes. Spawned
+    ranks run `python -m module`; under torchrun, ranks > 0 run serve(groups)."""
     w = _live.get("workers")
     if w is not None and w.size == size and not w.closed:
         return w
@@ -270,8 +282,8 @@ def workers(size: int) -> Workers:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_PORT" in os.environ:
         if int(os.environ["WORLD_SIZE"]) != size:
             raise KernelgateError(f"tensor_parallel_size {size} != WORLD_SIZE {os.environ['WORLD_SIZE']} of the launcher")
-        w = Workers.from_env()
+        w = Workers.from_env(serve)
     else:
-        w = Workers.spawn(size)
+        w = Workers.spawn(size, module)
     _live["workers"] = w
     return w

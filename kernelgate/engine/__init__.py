@@ -1,12 +1,9 @@
-"""Inference engine: scheduler (admission, chunked prefill, preemption), block manager, model
-runner (cache, graphs, step, sampling), the Engine core and generate(). The batch and cache
-types the model reads live in kernelgate.models (re-exported here)."""
-from ..models.batch import StepBatch  # noqa: F401
-from ..models.cache import KVCache  # noqa: F401
+"""The request core: what runs when. `Engine` (requests in, outputs out), the scheduler
+(admission, chunked prefill, preemption), the block manager (who owns which cache block and
+state slot), request checks and sampling parameters. It runs steps through the executor
+(kernelgate.executor) and is driven by the serving layer (kernelgate.serving)."""
 from .block_manager import BlockManager  # noqa: F401
-from .engine import Engine, RequestOutput, StepStats  # noqa: F401
-from .generate import Result, Timing, generate  # noqa: F401
-from .memory import Capacity  # noqa: F401
-from .model_runner import ModelRunner  # noqa: F401
-from .sampling import SamplingParams  # noqa: F401
+from .engine import Engine  # noqa: F401
+from .outputs import RequestOutput, StepStats  # noqa: F401
+from .params import SamplingParams  # noqa: F401
 from .scheduler import Request, Scheduler  # noqa: F401

@@ -8,7 +8,7 @@ zeroes it (before the step that first writes it), so a new owner never sees old 
 """
 from __future__ import annotations
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 
 
 class BlockManager:

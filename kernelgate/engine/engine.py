@@ -1,106 +1,75 @@
-"""The engine core: requests in, per-step outputs out. One loop drives it (`generate()`,
-`kernelgate run`, the async engine under `kernelgate serve`); nothing else calls the model.
+"""The engine core: requests in, per-step outputs out. One loop drives it (kernelgate.serving:
+`generate()`, `kernelgate run`, the warm-up, the async engine under `kernelgate serve`);
+nothing else calls the model.
 
-    engine = Engine(model, max_num_seqs=16)
+    engine = Engine(model, EngineConfig(max_num_seqs=16))     # or Engine(model, max_num_seqs=16)
     print(engine.capacity.report())    # tokens of cache, sequences, bytes
     engine.add_request("r0", prompt_ids, SamplingParams(...))
     while engine.has_unfinished():
         for out in engine.step():      # RequestOutput: the tokens each request gained this step
             ...
 
-The scheduler (engine/scheduler.py) picks the tokens of each step; the model runner
-(engine/model_runner.py) runs them and samples; the block manager tracks cache ownership.
+The scheduler (scheduler.py) picks the tokens of each step; the executor's runner
+(kernelgate/executor, made by `make_runner`) runs them and samples; the block manager tracks
+cache ownership.
 """
 from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass
 
 import torch
 
-from ..platform import KernelgateError
+from ..config import EngineConfig
+from ..errors import KernelgateError
+from ..executor import make_runner
 from .block_manager import BlockManager
-from .checks import check_engine_args, check_prompt
-from .model_runner import ModelRunner
-from .sampling import SamplingParams, make_generator
+from ..executor.sampling import make_generator
+from .checks import check_prompt
+from .outputs import RequestOutput, StepStats
+from .params import SamplingParams
 from .scheduler import Request, Scheduler
 
 log = logging.getLogger("kernelgate.engine")
 
 
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list            # tokens this request gained in this step (may be empty)
-    finished: bool
-    finish_reason: str | None      # "stop" | "length" | "abort" | "error" once finished
-    prompt_len: int
-    num_output_tokens: int
-    error: str | None = None       # why, when finish_reason == "error"
-    logprobs: list | None = None   # TokenLogprobs per new token, when the request asked for them
-
-
-@dataclass
-class StepStats:
-    kind: str                      # "prefill" | "decode" | "mixed" (prefill chunks and decodes)
-    tokens: int                    # tokens fed to the model
-    seqs: int
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    preempted: int = 0             # requests sent back to the queue in this step
-
-
 def freeze_heap() -> None:
     """Collect, then move every object alive now (the model, its kernels' caches, the imported
     libraries: ~10^5-10^6 objects) out of the garbage collector's sight. A collection of the
-    oldest generation otherwise walks all of them: 0.1 s on a 2-core CPU, 0.27 s on an H200
-    host, a stall that lands in some step and holds every stream behind it. vLLM's engine core
-    does the same after start-up. Objects that die later are still freed by reference counting;
+    oldest generation otherwise walks all of them, a stall of a tenth of a second or more that
+    lands in some step and holds every stream behind it. vLLM's engine core does the same after
+    start-up. Objects that die later are still freed by reference counting;
     only reference cycles among them wait for `gc.unfreeze()` (Engine.close)."""
     gc.collect()
     gc.freeze()
 
 
 class Engine:
-    def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 4096,
-                 max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.9,
-                 block_size: int = 64, num_cache_blocks: int | None = None, graphs: bool = True,
-                 tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
-                 async_scheduling: bool = True, scheduler_delay_factor: float = 0.0):
-        """The knobs have vLLM's names and meanings: sequences in flight, longest prompt + output,
-        tokens per step, share of device memory to use, MLA cache block size and a pinned count.
-        tensor_parallel_size > 1 (or a model from load_model(..., tensor_parallel_size=N)): the
-        model runs sharded over N processes, one per device (kernelgate.distributed);
-        enable_expert_parallel splits the routed experts over them instead of each expert.
-        async_scheduling: queue each step before reading the last one's tokens (see `step`).
-        scheduler_delay_factor: while requests run, admit waiting prompts only once the oldest has
-        waited this many times the last admitting step's duration (0: at once; scheduler.py)."""
-        check_engine_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                          max_num_batched_tokens=max_num_batched_tokens,
-                          gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                          num_cache_blocks=num_cache_blocks, graphs=graphs, async_scheduling=async_scheduling,
-                          scheduler_delay_factor=scheduler_delay_factor)
-        args = (max_num_seqs, max_model_len, max_num_batched_tokens, gpu_memory_utilization, block_size,
-                num_cache_blocks, graphs)
-        if tensor_parallel_size != 1 or enable_expert_parallel or hasattr(model, "make_runner"):
-            from ..distributed import parallelize
-            model = parallelize(model, tensor_parallel_size, enable_expert_parallel)
-        self.model = model
-        self.max_num_seqs = max_num_seqs
-        self.runner = model.make_runner(*args) if hasattr(model, "make_runner") else ModelRunner(model, *args)
+    def __init__(self, model, config: EngineConfig | None = None, *, runner=None, **settings):
+        """config: the knobs (kernelgate.config.EngineConfig: vLLM's names and meanings); keyword
+        settings override its fields (`Engine(model, max_num_seqs=64)`). The runner comes from the
+        executor (`make_runner`): tensor_parallel_size > 1, or a model from
+        load_model(..., tensor_parallel_size=N), runs sharded over N processes. `runner`: one
+        already made for this model and config."""
+        config = EngineConfig.of(config).replace(**settings) if settings else (config or EngineConfig())
+        if not isinstance(config, EngineConfig):
+            raise KernelgateError(f"engine: config must be an EngineConfig, got {type(config).__name__}")
+        self.config = config
+        self.runner = runner if runner is not None else make_runner(model, config)
+        self.model = getattr(self.runner, "owner", self.runner.model)   # a sharded model: its driver's handle
+        self.device = self.runner.model.device        # (a sharded model's handle may lose its ranks)
+        self.max_num_seqs = config.max_num_seqs
         self.capacity = self.runner.capacity
-        self.blocks = BlockManager(self.capacity.num_blocks, self.capacity.num_slots, block_size)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
-                                   delay_factor=scheduler_delay_factor)
+        self.blocks = BlockManager(self.capacity.num_blocks, self.capacity.num_slots, config.block_size)
+        self.scheduler = Scheduler(self.blocks, config)
         self.requests: dict[str, Request] = {}
         self._sent: dict[str, int] = {}
         self.last_step: StepStats | None = None     # the step this call launched (None: none)
         self.read_step: StepStats | None = None     # the step whose tokens this call read (with async
         #                                             scheduling, the one the previous call launched)
-        self.async_scheduling = async_scheduling and self.runner.feeds_back
+        self.async_scheduling = config.async_scheduling and self.runner.feeds_back
         self._pending = None                          # (SchedulerOutput, launched) queued, not read yet
-        self._froze = self.model.device.type != "cpu"
+        self._froze = self.device.type != "cpu"
         if self._froze:                               # (on a CPU an engine is often short-lived: tests)
             freeze_heap()
         log.info("kernelgate: %s", self.capacity.report())
@@ -124,7 +93,7 @@ class Engine:
                                   f"tokens ({need} tokens) but the cache holds {cap.num_blocks}: raise "
                                   "num_cache_blocks / gpu_memory_utilization or shorten the request")
         req = Request(request_id, prompt, params)
-        req.generator = make_generator(params.seed, self.model.device)
+        req.generator = make_generator(params.seed, self.device)
         self.scheduler.add(req)
         self.requests[request_id] = req
         self._sent[request_id] = 0
@@ -187,7 +156,7 @@ class Engine:
             if self.async_scheduling and launched.rows:
                 self._pending = (out, launched, self.last_step)
             else:
-                self.scheduler.resolve(out, *self.runner.read(out.seqs, launched))
+                self.scheduler.resolve(out, self.runner.read(out.seqs, launched))
                 self.read_step = self.last_step
         elif pending is not None:
             self._resolve(pending)
@@ -207,7 +176,7 @@ class Engine:
 
     def _resolve(self, pending) -> None:
         out, launched, self.read_step = pending
-        self.scheduler.resolve(out, *self.runner.read(out.seqs, launched))
+        self.scheduler.resolve(out, self.runner.read(out.seqs, launched))
 
     @staticmethod
     def _feed(pending, out):
@@ -236,6 +205,6 @@ class Engine:
         if getattr(self, "_froze", False):
             gc.unfreeze()         # what froze with this engine (its cache, graphs) can be collected again
         gc.collect()
-        mod = getattr(torch, self.model.device.type, None)
-        if self.model.device.type != "cpu" and hasattr(mod, "empty_cache"):
+        mod = getattr(torch, self.device.type, None)
+        if self.device.type != "cpu" and hasattr(mod, "empty_cache"):
             mod.empty_cache()

@@ -26,8 +26,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..config import EngineConfig
+from ..executor.plan import StepResult
 from .block_manager import BlockManager
-from .sampling import SamplingParams
+from .params import SamplingParams
 
 _order = itertools.count()
 
@@ -88,11 +90,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 delay_factor: float = 0.0, clock=time.monotonic):
+    def __init__(self, blocks: BlockManager, config: EngineConfig, clock=time.monotonic):
         self.blocks = blocks
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.max_model_len = max_model_len
+        self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        delay_factor = config.scheduler_delay_factor
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []          # admission order: newest last
         self.delay_factor, self.clock = delay_factor, clock
@@ -182,22 +184,23 @@ class Scheduler:
             if len(req.output) >= req.params.max_new_tokens or req.num_tokens >= self.max_model_len:
                 self.finish(req, "length")
 
-    def resolve(self, out: SchedulerOutput, sampled: list, logprobs: list | None = None) -> None:
+    def resolve(self, out: SchedulerOutput, result: StepResult) -> None:
         """Fill the placeholders of the launched step `out` with their tokens (or end the
-        request with the error text); a stop token ends the request, and drops the placeholder
+        request with its error); a stop token ends the request, and drops the placeholder
         of a later step already launched for it."""
-        for k, (s, tok) in enumerate(zip(out.seqs, sampled)):
+        for k, s in enumerate(out.seqs):
             req = s.req
             if not s.samples or req.pending != s.start + s.n - len(req.prompt):
                 continue                   # aborted / stopped earlier: its placeholder is gone
             i, req.pending = req.pending, None
-            if isinstance(tok, str):
+            if result.errors[k] is not None:
                 del req.output[i:]
-                self._end(req, "error", tok)
+                self._end(req, "error", result.errors[k])
                 continue
+            tok = result.tokens[k]
             req.output[i] = tok
-            if logprobs is not None and logprobs[k] is not None:
-                req.logprobs.append(logprobs[k])        # one per output token, in order
+            if result.logprobs[k] is not None:
+                req.logprobs.append(result.logprobs[k])   # one per output token, in order
             if tok in req.params.stop_token_ids:
                 self._end(req, "stop")
 

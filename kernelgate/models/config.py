@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 
 SCORINGS = ("sigmoid", "softmax", "sqrtsoftplus")   # what ops.biased_grouped_topk computes
 _POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from .batch import StepBatch
-from .cache import KVCache
-from ..platform import KernelgateError
+from .cache import KVCache, block_bytes, slot_bytes
+from ..errors import KernelgateError
 from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
 from .layers import MLP, MoE, RMSNorm
@@ -69,6 +69,14 @@ class KimiLinearForCausalLM(nn.Module):
 
     def new_cache(self, num_slots: int, num_blocks: int, block_size: int) -> KVCache:
         return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype, self.par.size)
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of one cache block (block_size positions) over all attention layers."""
+        return block_bytes(self.config, block_size, self.dtype)
+
+    def slot_bytes(self) -> int:
+        """Bytes of one sequence's recurrent + conv states over all KDA layers (this rank's heads)."""
+        return slot_bytes(self.config, self.dtype, self.par.size)
 
     @property
     def tp_size(self) -> int:

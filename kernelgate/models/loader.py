@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..platform import KernelgateError, default_device
+from ..errors import KernelgateError
+from ..platform import default_device
 from .config import KimiLinearConfig
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
 from .parallel import SINGLE, Parallel, shard_specs

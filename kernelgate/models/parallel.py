@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 
 
 @dataclass

@@ -19,7 +19,7 @@ import struct
 
 import torch
 
-from ..platform import KernelgateError
+from ..errors import KernelgateError
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,

@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
-from .detokenizer import Detokenizer
+from ..serving.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
+from ..text.detokenizer import Detokenizer
 from .jobs import ModelInfo, chat_jobs, completion_jobs
 from .logprobs import LogprobsFormatter
 from .metrics import Metrics

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..engine.sampling import SamplingParams
-from ..platform import KernelgateError
+from ..engine.params import SamplingParams
+from ..errors import KernelgateError
 from .protocol import ChatRequest, CompletionRequest, bad, message_text, num_logprobs, stop_strings
 
 

@@ -22,7 +22,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..engine.sampling import MAX_LOGPROBS
+from ..engine.params import MAX_LOGPROBS
 
 MAX_N = 64       # choices per prompt (`n`): each is a request of its own in the engine
 

@@ -20,8 +20,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..engine.async_engine import RequestStream
-from .detokenizer import Detokenizer
+from ..serving.async_engine import RequestStream
+from ..text.detokenizer import Detokenizer
 from .jobs import Job
 from .logprobs import LogprobsFormatter
 from .protocol import APIError

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kernelgate import platform, registry
-from kernelgate.compile_stand_in import TARGETS, Recorder
-from kernelgate.compile_targets import compile_impl, report
+from kernelgate.tools.compile_stand_in import TARGETS, Recorder
+from kernelgate.tools.compile_targets import compile_impl, report
 
 pytest.importorskip("triton")   # imported under this run's TRITON_INTERPRET (see test_stand_in_platform)
 
@@ -69,7 +69,7 @@ def test_intel_lowering_is_shared_only_for_the_same_ttgir():
     output and the metadata it set, and the spec says whose lowering it took."""
     from types import SimpleNamespace
 
-    from kernelgate import compile_stand_in as cs
+    from kernelgate.tools import compile_stand_in as cs
     calls = []
 
     def make_llir(src, metadata):   # (a stage: Triton's lambda around make_llir(src, metadata, options))

@@ -8,7 +8,7 @@ One process per family compiles both of its targets (so one target's compile sta
 into the next unnoticed); the families run in parallel under xdist. .ci/run compiles with
 --family-once: a program is lowered once per vendor, for the older target (sm_80, gfx90a), and
 the newer one lowers the programs its own launch choices make (checked below: sm_90's
-mla_decode tiles); `python -m kernelgate.compile_targets` without it lowers everything for
+mla_decode tiles); `python -m kernelgate.tools.compile_targets` without it lowers everything for
 every target. Intel's backend is the
 triton-xpu package, which installs as `triton`: it runs from its own venv (`.venv-xpu`, made by
 .ci/run, or KERNELGATE_XPU_PYTHON). Missing there, the Intel test skips with the reason locally
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kernelgate import registry
-from kernelgate.compile_stand_in import TARGETS, available
+from kernelgate.tools.compile_stand_in import TARGETS, available
 
 pytest.importorskip("triton")
 
@@ -84,7 +84,7 @@ def _rows(family: str) -> list:
     if folder:
         return _background_rows(folder)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([_python(family), "-m", "kernelgate.compile_targets", "--family-once", "--json", "-",
+    run = subprocess.run([_python(family), "-m", "kernelgate.tools.compile_targets", "--family-once", "--json", "-",
                           *FAMILIES[family]],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     try:
@@ -139,7 +139,7 @@ def test_pvc_native_code_from_the_background_compile():
     folder = _report("intel")
     if not folder:
         pytest.skip("the native PVC pass runs in .ci/run (KERNELGATE_COMPILE_REPORT): "
-                    "python -m kernelgate.compile_targets --native pvc in the triton-xpu venv")
+                    "python -m kernelgate.tools.compile_targets --native pvc in the triton-xpu venv")
     rows = _background_rows(folder)
     native = [r for r in rows if r["target"] == "pvc" and r["impl"] == "native"]
     if not native or native[0]["status"] == "SKIPPED":

@@ -5,7 +5,7 @@ import torch
 
 from kernelgate import platform, registry
 from kernelgate.cli.ops import doctor_report
-from kernelgate.compile_stand_in import TARGETS
+from kernelgate.tools.compile_stand_in import TARGETS
 
 # Imported under this run's TRITON_INTERPRET: Triton picks interpreted or JIT functions at import,
 # and the tests below unset the variable for a while.
@@ -63,17 +63,16 @@ def test_doctor_says_why_npu_has_no_triton_kernels(monkeypatch):
 
 def test_launch_choices_follow_the_simulated_device(monkeypatch):
     """compile_targets needs no monkeypatch: the launchers read only platform.current()."""
-    from kernelgate import triton_utils
     from kernelgate.ops.moe import fused_experts_triton as fe
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     seen = {}
     for name in ("sm_80", "sm_90", "gfx90a", "gfx942", "pvc", "bmg"):
         with platform.simulate(TARGETS[name].device, compiling=True) as p:
-            seen[name] = (triton_utils.nvidia(), triton_utils.sm(), triton_utils.fp8_hardware(),
-                          fe.launch_config(p)["num_stages"])
-    assert seen == {"sm_80": (True, 80, False, 3), "sm_90": (True, 90, True, 3),
-                    "gfx90a": (False, 0, False, 2), "gfx942": (False, 0, True, 2),
-                    "pvc": (False, 0, False, 3), "bmg": (False, 0, False, 3)}
+            seen[name] = (p.name == "cuda" and not platform.interpreting(), p.capability,
+                          platform.fp8_hardware(p.capability), fe.launch_config(p)["num_stages"])
+    assert seen == {"sm_80": (True, "sm_80", False, 3), "sm_90": (True, "sm_90", True, 3),
+                    "gfx90a": (False, "gfx90a", False, 2), "gfx942": (False, "gfx942", True, 2),
+                    "pvc": (False, "pvc", False, 3), "bmg": (False, "bmg", False, 3)}
 
 
 def test_mla_decode_declares_what_intel_cannot_build(monkeypatch):

@@ -15,6 +15,7 @@ import torch
 
 import kernelgate
 from kernelgate.distributed import launch
+from kernelgate.executor.parallel import parallelize
 from kernelgate.models import build, tiny
 
 PROMPTS = [[5, 6, 7], [9, 10]]
@@ -78,7 +79,7 @@ def assert_gone(w, pm):
 
 
 def test_worker_killed_mid_step(model, fresh):
-    pm = kernelgate.distributed.parallelize(model, 2)
+    pm = parallelize(model, 2)
     w = pm.workers
     on_decode_layer(pm, lambda: w.procs[0].send_signal(signal.SIGKILL))
     ends_within(lambda: generate(model), r"^tensor parallel: rank 1 of 2 died \(killed by signal SIGKILL\)$")
@@ -88,7 +89,7 @@ def test_worker_killed_mid_step(model, fresh):
 def test_driver_raises_mid_step(model, fresh):
     """The driver fails between its broadcast and its collectives: the worker, waiting inside an
     all-reduce, is stopped and the group torn down (not left out of step for the next command)."""
-    pm = kernelgate.distributed.parallelize(model, 2)
+    pm = parallelize(model, 2)
     w = pm.workers
 
     def boom():
@@ -103,7 +104,7 @@ def test_a_new_group_after_a_fault(model, fresh):
     """After the abort above (process group torn down in this process), a new group forms; its
     rank 1 raising inside a step (its second: the first decode) is reported with its own words."""
     fresh.setenv("KERNELGATE_DIST_FAULT", "1:step:2")
-    pm = kernelgate.distributed.parallelize(model, 2)
+    pm = parallelize(model, 2)
     ends_within(lambda: generate(model), r"^tensor parallel: rank 1 of 2 died \(exited with code 1: injected fault "
                 r"\(KERNELGATE_DIST_FAULT\) in command 'step'\)$")
     assert_gone(pm.workers, pm)
@@ -119,7 +120,7 @@ def test_worker_fails_to_start(model, fresh):
 def test_stuck_worker_times_out(model, fresh):
     """A rank alive but stuck (SIGSTOP) is caught by the collective timeout, KERNELGATE_DIST_TIMEOUT."""
     fresh.setenv("KERNELGATE_DIST_TIMEOUT", "5")
-    pm = kernelgate.distributed.parallelize(model, 2)
+    pm = parallelize(model, 2)
     w = pm.workers
     on_decode_layer(pm, lambda: w.procs[0].send_signal(signal.SIGSTOP))
     took = ends_within(lambda: generate(model), r"^tensor parallel: rank 0 of 2 \(the driver\): a collective "

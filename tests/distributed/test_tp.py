@@ -16,6 +16,7 @@ import torch
 import kernelgate
 from kernelgate import platform
 from kernelgate.distributed import launch
+from kernelgate.executor.parallel import parallelize
 from kernelgate.models import build, tiny
 from kernelgate.models import safetensors_file
 from kernelgate.models.loader import load_model, save_checkpoint
@@ -96,7 +97,7 @@ def test_loader_slices_a_released_layout_checkpoint(tmp_path, ep):
 def test_bad_sizes_are_clear_errors(model, monkeypatch):
     with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size 3 does not divide linear_num_heads"):
         kernelgate.generate(model, [[1, 2]], tensor_parallel_size=3)
-    with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size must be an int >= 1, got 0"):
+    with pytest.raises(kernelgate.KernelgateError, match=r"tensor_parallel_size must be >= 1, got 0"):
         kernelgate.generate(model, [[1, 2]], tensor_parallel_size=0)
     odd = build(tiny(num_experts=6), seed=0)
     with pytest.raises(kernelgate.KernelgateError, match=r"does not divide num_experts \(enable_expert_parallel\) \(6\)"):
@@ -113,7 +114,7 @@ def test_sharded_equals_single_process(model, single, ep):
     out = kernelgate.generate(model, PROMPTS, max_new_tokens=6, max_num_batched_tokens=32,
                               tensor_parallel_size=2, enable_expert_parallel=ep)
     assert [r.token_ids for r in out] == tokens
-    pm = kernelgate.distributed.parallelize(model, 2, ep)
+    pm = parallelize(model, 2, ep)
     got = pm(ids)
     assert got.shape == logits.shape
     assert rel(got, logits) < 1e-5
@@ -132,7 +133,7 @@ def test_load_model_tensor_parallel(model, single, tmp_path):
 
 
 def test_rank_stats_name_every_rank(model):
-    pm = kernelgate.distributed.parallelize(model, 2, True)
+    pm = parallelize(model, 2, True)
     kernelgate.generate(pm, PROMPTS[:1], max_new_tokens=2)
     stats = pm.rank_stats()
     assert [s["device"] for s in stats] == ["cpu", "cpu"] and all(s["peak_bytes"] is None for s in stats)
@@ -157,7 +158,7 @@ def test_one_all_reduce_per_block(model, ep):
     sum; the equality tests check it is reduced), so a total of 1 + 2 x layers means exactly one each.
     A decode step's metadata is one tensor broadcast (no pickling)."""
     L = model.config.num_hidden_layers
-    pm = kernelgate.distributed.parallelize(model, 2, ep)
+    pm = parallelize(model, 2, ep)
     ids = torch.tensor([list(range(40, 50))])
     got = _collectives(lambda: pm(ids))
     assert got["c10d::allreduce_"] == 1 + 2 * L and got["c10d::allgather_"] == 1, got
@@ -174,24 +175,26 @@ def test_one_all_reduce_per_block(model, ep):
     eng.close()
 
 
-def test_step_metadata_words_round_trip():
+def test_step_plan_words_round_trip():
     from kernelgate.distributed import group
-    meta = {"fresh": ([3], [7, 8]), "tokens": [5, 6, 7, 9], "lengths": [3, 1], "slots": [0, 3], "starts": [0, 40],
-            "tables": [[1], [4, 7, 8]]}
-    words = group.frame("step", meta)
+    from kernelgate.executor.plan import StepPlan
+    plan = StepPlan(lengths=[3, 1], slots=[0, 3], starts=[0, 40], tables=[[1], [4, 7, 8]], tokens=[5, 6, 7, 9],
+                    fresh_slots=[3], fresh_blocks=[7, 8])
+    words = group.frame("step", plan.to_words())
     assert words[:2] == [group.STEP, len(words) - 2] and group.remainder(words) == 0
-    assert group.unframe(words) == meta
-    big = {**meta, "tokens": list(range(group.HEAD)), "lengths": [group.HEAD - 1, 1]}
-    words = group.frame("step", big)
+    assert StepPlan.from_words(group.unframe(words)) == plan
+    big = StepPlan(lengths=[group.HEAD - 1, 1], slots=[0, 3], starts=[0, 40], tables=[[1], [4, 7, 8]],
+                   tokens=list(range(group.HEAD)), fresh_slots=[3], fresh_blocks=[7, 8])
+    words = group.frame("step", big.to_words())
     assert group.remainder(words[:group.HEAD]) == len(words) - group.HEAD > 0
-    assert group.unframe(words) == big
+    assert StepPlan.from_words(group.unframe(words)) == big
     assert group.frame("load", {"path": "x"}) == [group.OBJECT, 0]
 
 
 def test_ranks_agree_on_each_decode_graph():
     """A captured shape is used only if every rank captured it; otherwise all ranks decode it
     eagerly (no rank replays a graph while another steps eagerly), the reason naming the rank."""
-    from kernelgate.distributed.runner import LockstepGraphs
+    from kernelgate.executor.parallel.rank_runner import LockstepGraphs
 
     class Groups:
         rank, graph_state = 0, None
@@ -212,7 +215,7 @@ def test_ranks_agree_on_each_decode_graph():
 
 
 def test_killed_rank_ends_the_job_with_its_name(model):
-    pm = kernelgate.distributed.parallelize(model, 2, False)
+    pm = parallelize(model, 2, False)
     w = pm.workers
     w.procs[0].send_signal(signal.SIGKILL)
     with pytest.raises(kernelgate.KernelgateError, match=r"tensor parallel: rank 1 of 2 died \(killed by signal SIGKILL\)"):

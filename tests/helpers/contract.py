@@ -30,7 +30,7 @@ IMPLS = {
 
 def compare(op_name, out, ref, rtol, what):
     """The op's own output comparison where it has one (fp8 codes), else assert_close."""
-    from kernelgate.testing import assert_close
+    from kernelgate.tools.testing import assert_close
     op = registry.get(op_name)
     if op.compare is not None:
         op.compare(out, ref, torch.float32, None)
@@ -39,7 +39,7 @@ def compare(op_name, out, ref, rtol, what):
 
 
 def compare_state(op_name, name, out, ref, rtol, what):
-    from kernelgate.testing import assert_close
+    from kernelgate.tools.testing import assert_close
     op = registry.get(op_name)
     if op.compare_mutated is not None:
         op.compare_mutated(name, out, ref, torch.float32)

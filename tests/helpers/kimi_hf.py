@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelgate.testing import hf_kimi_linear_module
+from kernelgate.tools.testing import hf_kimi_linear_module
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,

@@ -21,7 +21,7 @@ from kernelgate.ops.kda import kda_prefill as kda_prefill_mod
 from kernelgate.ops.indexer import fp8_paged_mqa_logits as fp8_paged_mqa_logits_mod
 from kernelgate.ops.indexer import indexer_q as indexer_q_mod
 from kernelgate.ops.moe import fused_experts as fused_experts_mod
-from kernelgate.testing import assert_close
+from kernelgate.tools.testing import assert_close
 
 from helpers.contract import all_params, clone, params, run
 

@@ -5,13 +5,13 @@ import asyncio
 import json
 
 import httpx
-from fake_engine import FakeEngine
+from helpers.fake_engine import FakeEngine
 
-from kernelgate.engine.async_engine import AsyncEngine
+from kernelgate.serving.async_engine import AsyncEngine
 from kernelgate.server.app import create_app
 from kernelgate.server.jobs import ModelInfo
 from kernelgate.server.metrics import Metrics
-from kernelgate.tokenizer import ByteTokenizer
+from kernelgate.text.byte_tokenizer import ByteTokenizer
 
 
 def serve(fake, api_key=None, max_queued=64):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...platform import KernelgateError
+from ...errors import KernelgateError
 
 
 def _first(mask: torch.Tensor) -> int:

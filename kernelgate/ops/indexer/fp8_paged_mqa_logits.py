@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ... import checks
-from ...platform import KernelgateError
+from ...errors import KernelgateError
 from ...registry import GPU_TRITON, Case, declare
 from ..common import fp8 as _fp8
 from .k_cache import HEAD_DIM, TOKEN_BYTES, cache_block_size, cache_blocks, check_cache, read_cache  # noqa: F401

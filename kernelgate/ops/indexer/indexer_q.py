@@ -99,7 +99,7 @@ def check_values(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp
 def compare(out, ref, dtype, inputs):
     """q_fp8 by fp8 code (one-code differences allowed on a small fraction, see _fp8);
     weights_out by relative error."""
-    from ...testing import assert_close
+    from ..common.compare import assert_close
     _fp8.assert_fp8_close(out[0], ref[0])
     assert_close(out[1], ref[1], 1e-5, "weights_out")
 

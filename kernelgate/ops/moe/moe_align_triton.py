@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc
-from ...platform import KernelgateError
+from ...errors import KernelgateError
 
 _TILE = 16384        # int32 elements per [rows, experts] register tile
 

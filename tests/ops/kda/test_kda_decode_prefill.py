@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from kernelgate import KernelgateError, platform, registry
 from kernelgate.ops.kda.kda_prefill import make_inputs
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 from helpers.kda_refs import call, fla_gate, fla_naive, hf, need, runnable, tol
 

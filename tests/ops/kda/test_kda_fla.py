@@ -14,7 +14,7 @@ pytest.importorskip("fla")
 from fla.ops.kda.naive import naive_recurrent_kda  # noqa: E402
 
 from kernelgate import KernelgateError, ops, registry  # noqa: E402
-from kernelgate.engine import StepBatch  # noqa: E402
+from kernelgate.models.batch import StepBatch  # noqa: E402
 from kernelgate.ops.kda.kda_fla import chunk_prefill  # noqa: E402
 from kernelgate.ops.kda.kda_prefill import host_hints, kda_prefill_native, make_inputs  # noqa: E402
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 from helpers.kda_refs import call, fla_gate, runnable
 

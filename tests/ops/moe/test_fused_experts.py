@@ -9,7 +9,7 @@ import torch
 
 from kernelgate import KernelgateError, platform, registry
 from kernelgate.ops.moe.fused_experts import make_inputs
-from kernelgate.testing import assert_close
+from kernelgate.tools.testing import assert_close
 
 OP = registry.get("fused_experts")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

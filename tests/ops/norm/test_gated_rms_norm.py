@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, alloc, ops, platform, registry
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 OP = registry.get("gated_rms_norm")
 IMPLS = ["native", "triton", "fla"]

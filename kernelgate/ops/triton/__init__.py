@@ -1,1 +1,0 @@
-"""Portable Triton kernels, one file per op family; imported lazily by the registry."""

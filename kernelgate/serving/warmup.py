@@ -1,0 +1,108 @@
+"""Warm-up before the first real request: every op a step runs dispatches, compiles (Triton,
+autotuning) and, where the device has graphs, the decode step is captured for the batch sizes
+that will run. The first run on a machine pays for compiling; later runs load the kernels from
+the cache folder (kernel_cache.py) and say so."""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from .. import kernel_cache
+from ..version import __version__
+from ..engine.engine import freeze_heap
+from ..engine.params import SamplingParams
+from ..executor.model_runner import padded_tokens
+from .drive import drive
+
+
+def marker(device_name: str) -> Path:
+    """The file that says a warm-up finished for this device and these versions."""
+    import torch
+
+    from .. import platform
+    triton = platform.library_version("triton") or "none"
+    key = f"{device_name}-kg{__version__}-torch{torch.__version__}-triton{triton}"
+    return kernel_cache.root() / "warm" / re.sub(r"[^A-Za-z0-9_.+-]+", "_", key)
+
+
+def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool = False) -> float:
+    """Run short requests through `engine` (one alone, then a full batch); returns seconds.
+    every_shape: also meet the shapes a server's steps will (the server does, so no request
+    waits for them): capture every decode graph (`DecodeGraphs.prepare`) and prefill one prompt
+    step of each size eager steps are padded to (each power-of-two token count where they are
+    not) up to the token budget, which compiles and autotunes the kernels keyed on it
+    (fused_experts autotunes per bucket of token-expert pairs), one step of an odd token count,
+    a mixed step (a prompt joining decodes) and one prompt several chunks long."""
+    model = engine.model
+    name = getattr(getattr(model, "device", None), "type", "cpu")
+    from ..platform import current
+    device = current().device_name or name
+    mark = marker(device)
+    first = not mark.exists()
+    log(f"compiling kernels for {device} (first run only)..." if first else f"loading compiled kernels for {device}...")
+    t0 = time.perf_counter()
+    vocab = model.config.vocab_size
+    batch = max(1, min(max_batch or engine.max_num_seqs, engine.max_num_seqs))
+    for n in sorted({1, batch}):
+        drive(engine, [(f"warmup-{n}-{i}", [(7 * i + j) % vocab for j in range(1, 4)], SamplingParams(max_new_tokens=3))
+                       for i in range(n)])
+    if every_shape:
+        _every_shape(engine, batch, log)
+    secs = time.perf_counter() - t0
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f"{secs:.1f} s\n")
+    if getattr(engine, "_froze", False):
+        freeze_heap()     # what the warm-up built (graphs, compiled kernels) is long-lived too
+    log(f"kernels ready in {secs:.1f} s")
+    return secs
+
+
+def _every_shape(engine, batch: int, log) -> None:
+    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
+    if graphs is not None and graphs.enabled:
+        t0 = time.perf_counter()
+        n = graphs.prepare(batch)
+        log(f"{n} decode graphs captured in {time.perf_counter() - t0:.1f} s")
+    # every power-of-two step size up to the token budget, as one step of several prompts where
+    # max_model_len is shorter (a wave of new requests fills the budget: c64 x 128 = 8192 tokens)
+    t0 = time.perf_counter()
+    vocab = engine.model.config.vocab_size
+    budget = engine.scheduler.max_num_batched_tokens
+    cap = engine.capacity
+    longest = min(cap.max_model_len, cap.num_blocks * cap.block_size if cap.block_bytes else cap.max_model_len) - 1
+    # (from 16 tokens: above the decode GEMV's 8; below, mixed steps of a few prompt tokens);
+    # where eager steps are padded to a few sizes (model_runner.padded_tokens), every one of them
+    runner = getattr(engine, "runner", None)
+    if getattr(runner, "pad_steps", False):
+        ladder = sorted({padded_tokens(n, budget) for n in range(1, budget + 1)})
+    else:
+        ladder = [1 << i for i in range(4, budget.bit_length()) if 1 << i <= budget] or [budget]
+    sizes = [n for n in ladder if -(-n // max(longest, 1)) <= engine.max_num_seqs]
+    # and one odd count: Triton compiles integer arguments divisible by 16 apart from the others
+    odd = [sizes[-1] // 2 + 1] if len(sizes) > 1 else []
+    biggest = 0
+    for n in (sizes + odd if longest > 0 else []):
+        # the power-of-two steps as a server meets them: prompts of a few hundred tokens (several
+        # sequences per step: attention's varlen runs); the odd one as few prompts as fit
+        k = -(-n // longest) if n in odd else max(-(-n // longest), min(engine.max_num_seqs, n // 256))
+        drive(engine, [(f"warmup-prefill-{n}-{i}", [(5 * j + i + 1) % vocab for j in range(n // k + (i < n % k))],
+                         SamplingParams(max_new_tokens=1)) for i in range(k)])
+        biggest = max(biggest, n)
+    # a mixed step: a prompt joining requests that decode (their tokens take the prefill path)
+    if longest > 40 and engine.max_num_seqs >= 3:
+        joined = []
+
+        def join(out):             # after the first output of the decoding pair, a prompt arrives
+            if not joined:
+                joined.append(out)
+                return [("warmup-mixed-2", [(13 * j + 1) % vocab for j in range(37)], SamplingParams(max_new_tokens=2))]
+        drive(engine, [(f"warmup-mixed-{i}", [(11 * j + i + 3) % vocab for j in range(5)],
+                        SamplingParams(max_new_tokens=4)) for i in range(2)], on_output=join)
+    # one prompt several chunks long, so a chunk meets a cached prefix longer than itself: attention
+    # kernels that plan per shape (cuDNN's) plan now, not in a request
+    long = min(longest, 4 * budget)
+    if long > budget:
+        drive(engine, [("warmup-long", [(3 * j + 2) % vocab for j in range(long)], SamplingParams(max_new_tokens=1))])
+    log(f"prefill steps of up to {biggest} tokens" + (f" and a {long}-token prompt" if long > budget else "")
+        + f" met in {time.perf_counter() - t0:.1f} s")

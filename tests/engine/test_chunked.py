@@ -1,0 +1,113 @@
+"""Chunked prefill (token budget per step): a prompt prefilled over several steps, each chunk
+attending to its cached prefix with KDA / conv states carried across chunks, gives the same
+greedy tokens and the same logits (fp32) as one unchunked prefill and as a plain uncached
+full-sequence forward -- for budgets that cut prompts mid-way and mid-block."""
+import pytest
+import torch
+
+import kernelgate
+from kernelgate.engine import Engine, SamplingParams
+from kernelgate.executor import model_runner
+from kernelgate.models import build, tiny
+from kernelgate.tools.testing import rel_err
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build(tiny(vocab_size=128), seed=21)
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(4)
+    return [torch.randint(0, 128, (n,), generator=g).tolist() for n in (65, 13, 1, 40)]
+
+
+def _run(model, prompts, monkeypatch, **knobs):
+    """-> (tokens per request, logits of every sampled position per request, step kinds)."""
+    params = [SamplingParams(max_new_tokens=4) for _ in prompts]
+    logits = {id(p): [] for p in params}
+    real = model_runner.sample_async
+
+    def spy(rows, ps, gens):
+        for row, p in zip(rows, ps):
+            logits[id(p)].append(row.clone())
+        return real(rows, ps, gens)
+    monkeypatch.setattr(model_runner, "sample_async", spy)
+    eng = Engine(model, max_model_len=96, block_size=8, **knobs)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, sp)
+    toks = {str(i): [] for i in range(len(prompts))}
+    kinds = []
+    while eng.has_unfinished():
+        for o in eng.step():
+            toks[o.request_id] += o.new_token_ids
+        if eng.last_step is not None:
+            kinds.append(eng.last_step.kind)
+    monkeypatch.setattr(model_runner, "sample_async", real)
+    return [toks[str(i)] for i in range(len(prompts))], [logits[id(p)] for p in params], kinds
+
+
+@pytest.mark.parametrize("budget", [4096, 33])
+def test_padded_eager_steps_change_nothing(model, monkeypatch, budget):
+    """Eager prefill / mixed steps padded to a few sizes (what every non-CPU device does) by one
+    more sequence in the scratch slot and block: the same tokens and logits as unpadded steps,
+    pure decode steps untouched, and each padded step really ran at its padded size."""
+    prompts = _prompts()                                   # 119 prompt tokens
+    ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    sizes = []
+    real_step = type(model).step
+
+    def spy(self, tokens, batch, cache):
+        sizes.append((tokens.shape[0], batch.decode, batch.num_seqs))
+        return real_step(self, tokens, batch, cache)
+    monkeypatch.setattr(type(model), "step", spy)
+    real_init = model_runner.ModelRunner.__init__
+
+    def padded(self, *a, **k):
+        real_init(self, *a, **k)
+        self.pad_steps = True
+    monkeypatch.setattr(model_runner.ModelRunner, "__init__", padded)
+    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    assert tok == ref_tok
+    for a, b in zip(logits, ref_logits):
+        for x, y in zip(a, b):
+            assert rel_err(x, y) < 1e-5
+    eager = [(t, n) for t, dec, n in sizes if not dec]
+    if budget == 4096:   # one step of all four prompts, padded 119 -> 128 by a fifth sequence
+        assert eager == [(128, 5)], sizes
+    else:                # chunks and mixed steps, each padded to the budget
+        assert "mixed" in kinds and eager and all(t == 33 for t, _ in eager), sizes
+        assert any(n > 1 and t == 33 for t, n in eager)
+    assert any(dec for _, dec, _ in sizes)                 # decode steps ran unpadded
+    assert model_runner.padded_tokens(1, 8192) == 64 and model_runner.padded_tokens(1025, 8192) == 1280
+    assert model_runner.padded_tokens(4097, 8192) == 4608 and model_runner.padded_tokens(7900, 8000) == 8000
+
+
+@pytest.mark.parametrize("budget", [7, 16, 33])
+def test_chunked_equals_unchunked(model, monkeypatch, budget):
+    prompts = _prompts()
+    ref_tok, ref_logits, ref_kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=4096)
+    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    assert tok == ref_tok
+    for a, b in zip(logits, ref_logits):
+        assert len(a) == len(b) == 4
+        for x, y in zip(a, b):
+            assert rel_err(x, y) < 1e-5
+    assert ref_kinds[0] == "prefill" and kinds.count("mixed") >= 1    # chunks share steps with decodes
+    assert len(kinds) > len(ref_kinds)
+
+
+def test_first_token_logits_equal_full_forward(model, monkeypatch):
+    prompts = _prompts()
+    _, logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=9, max_num_seqs=2)
+    for p, lg in zip(prompts, logits):
+        full = model(torch.tensor([p]))[0, -1].float()
+        assert rel_err(lg[0], full) < 1e-5, f"prompt of {len(p)}"
+
+
+def test_generate_knobs(model):
+    prompts = _prompts()
+    a = kernelgate.generate(model, prompts, max_new_tokens=3, stop_token_ids=())
+    b = kernelgate.generate(model, prompts, max_new_tokens=3, stop_token_ids=(), max_num_batched_tokens=5,
+                            max_num_seqs=3, block_size=4, num_cache_blocks=64)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
