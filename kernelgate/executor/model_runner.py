@@ -43,7 +43,6 @@ class ModelRunner:
         """The cache gets one extra slot and one extra block beyond the capacity: the scratch
         that a captured decode graph's padding rows (and the memory profile) write into."""
         self.model, self.config = model, config
-        self.block_size = config.block_size
         api, self.graphs_reason = graph_api(model.device) if config.graphs else (None, "graphs=False")
         self.capacity = memory.plan(model, config, lambda: self._profile(config.max_num_batched_tokens),
                                     api is not None)
@@ -60,7 +59,7 @@ class ModelRunner:
     def _make_cache(self) -> None:
         cap = self.capacity
         self.cache = None
-        self.cache = self.model.new_cache(cap.num_slots + 1, cap.num_blocks + 1, self.block_size)
+        self.cache = self.model.new_cache(cap.num_slots + 1, cap.num_blocks + 1, self.config.block_size)
         self.scratch = (cap.num_slots, cap.num_blocks)          # (slot, block) outside the manager's range
         api = graph_api(self.model.device)[0] if self.config.graphs else None
         self.graphs = self._new_graphs() if api is not None else None
@@ -70,9 +69,9 @@ class ModelRunner:
 
     def _profile(self, tokens: int) -> int:
         """One prefill step of `tokens` tokens on a throw-away cache -> that cache's bytes."""
-        nb = -(-tokens // self.block_size)
-        cache = self.model.new_cache(1, nb, self.block_size)
-        batch = StepBatch.build([tokens], [0], [0], self.model.device, [list(range(nb))], self.block_size)
+        nb = -(-tokens // self.config.block_size)
+        cache = self.model.new_cache(1, nb, self.config.block_size)
+        batch = StepBatch.build([tokens], [0], [0], self.model.device, [list(range(nb))], self.config.block_size)
         # distinct tokens: one repeated token would route every row to the same experts
         ids = torch.arange(tokens, device=self.model.device) * 7919 % self.model.config.vocab_size
         self.model.step(ids, batch, cache)
@@ -146,11 +145,11 @@ class ModelRunner:
             if pad:   # one more sequence in the scratch slot, its positions all in the scratch block
                 slot0, block0 = self.scratch
                 lengths, slots, starts = lengths + [pad], slots + [slot0], starts + [0]
-                tables = tables + [[block0] * -(-pad // self.block_size)]
+                tables = tables + [[block0] * -(-pad // self.config.block_size)]
                 extra = [(7919 * i + 1) % self.model.config.vocab_size for i in range(pad)]   # varied experts
                 tokens = tokens + extra if isinstance(tokens, list) else \
                     torch.cat([tokens, torch.tensor(extra, dtype=tokens.dtype).to(device)])
-            batch = StepBatch.build(lengths, slots, starts, device, tables, self.block_size)
+            batch = StepBatch.build(lengths, slots, starts, device, tables, self.config.block_size)
             if isinstance(tokens, list):
                 tokens = alloc.upload(torch.tensor(tokens, dtype=torch.long), device)
             logits = self.model.step(tokens, batch, self.cache)[:n]                  # [N, V] fp32
