@@ -37,6 +37,10 @@ class EngineConfig:
     scheduler_delay_factor: float = _knob(0.0, "while requests run, admit waiting prompts once the oldest has "
                                                "waited this many times the last admitting step (0: at once)",
                                           lo=0.0, hi=1000.0)
+    enable_prefix_caching: bool = _knob(True, "reuse cached prompt prefixes across requests (exact: attention "
+                                              "blocks shared, linear-attention states restored from snapshots)")
+    prefix_snapshots: int | None = _knob(None, "state snapshots the prefix cache may hold (each one sequence's "
+                                               "recurrent + conv states; default 2 x max_num_seqs + 4)", lo=1)
     tensor_parallel_size: int = _knob(1, "run the model sharded over N processes, one device each", lo=1)
     enable_expert_parallel: bool = _knob(False, "with tensor_parallel_size N: each rank holds E/N routed experts "
                                                 "instead of a slice of every expert")
@@ -52,6 +56,13 @@ class EngineConfig:
                 require_int("engine", f.name, v, lo=m["lo"], hi=m["hi"])
             else:
                 require_number("engine", f.name, v, lo=m["lo"], hi=m["hi"], lo_open=m["lo_open"])
+
+    @property
+    def num_snapshots(self) -> int:
+        """Rows of the snapshot pool (0 without prefix caching)."""
+        if not self.enable_prefix_caching:
+            return 0
+        return self.prefix_snapshots if self.prefix_snapshots is not None else 2 * self.max_num_seqs + 4
 
     def replace(self, **changes) -> EngineConfig:
         unknown = sorted(set(changes) - set(names()))

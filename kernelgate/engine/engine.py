@@ -15,6 +15,7 @@ cache ownership.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 
@@ -28,9 +29,16 @@ from ..executor.sampling import make_generator
 from .checks import check_prompt
 from .outputs import RequestOutput, StepStats
 from .params import SamplingParams
+from .prefix_cache import PrefixCache
 from .scheduler import Request, Scheduler
 
 log = logging.getLogger("kernelgate.engine")
+
+
+def _model_key(model) -> tuple:
+    """What a prefix-cache snapshot records of the model it belongs to."""
+    c = model.config
+    return (type(model).__name__, id(model), hash(repr(sorted(vars(c).items(), key=lambda kv: kv[0]))))
 
 
 def freeze_heap() -> None:
@@ -61,7 +69,9 @@ class Engine:
         self.max_num_seqs = config.max_num_seqs
         self.capacity = self.runner.capacity
         self.blocks = BlockManager(self.capacity.num_blocks, self.capacity.num_slots, config.block_size)
-        self.scheduler = Scheduler(self.blocks, config)
+        self.prefix_cache = PrefixCache(self.blocks, self.capacity.num_snapshots, _model_key(self.model)) \
+            if self.capacity.num_snapshots else None
+        self.scheduler = Scheduler(self.blocks, config, prefix=self.prefix_cache)
         self.requests: dict[str, Request] = {}
         self._sent: dict[str, int] = {}
         self.last_step: StepStats | None = None     # the step this call launched (None: none)
@@ -98,6 +108,16 @@ class Engine:
         self.requests[request_id] = req
         self._sent[request_id] = 0
 
+    @contextlib.contextmanager
+    def prefix_cache_off(self):
+        """Run requests without the prefix cache (the warm-up: its made-up prompts share prefixes
+        on purpose of their shapes, and must leave nothing cached)."""
+        saved, self.scheduler.prefix = self.scheduler.prefix, None
+        try:
+            yield
+        finally:
+            self.scheduler.prefix = saved
+
     def abort(self, request_id: str) -> None:
         """Stop a request now and free what it holds; unknown or finished ids are ignored."""
         req = self.requests.get(request_id)
@@ -118,10 +138,12 @@ class Engine:
 
     @property
     def cache_usage(self) -> float:
-        """Share of the MLA cache blocks in use, 0..1 (state slots when the model has no MLA layer)."""
+        """Share of the attention cache blocks that running requests hold, 0..1 (state slots when
+        the model has no attention layer); blocks only the prefix cache keeps count as free, as
+        vLLM counts them (they are evicted when a request needs them)."""
         b = self.blocks
         if b.num_blocks and self.capacity.block_bytes:
-            return 1.0 - b.free_blocks / b.num_blocks
+            return b.held_blocks / b.num_blocks
         return 1.0 - b.free_slots / b.num_slots
 
     def step(self) -> list[RequestOutput]:
@@ -147,7 +169,7 @@ class Engine:
         if out.seqs:
             pre = sum(s.n for s in out.seqs if not (s.n == 1 and s.start > 0 and s.samples))
             dec = out.num_tokens - pre
-            launched = self.runner.launch(out.seqs, self.blocks.take_fresh(), prev)
+            launched = self.runner.launch(out.seqs, self.blocks.take_fresh(), prev, self.scheduler.cache_ops())
             if pending is not None:
                 self._resolve(pending)               # waits for the previous step only
             self.scheduler.advance(out)
@@ -168,7 +190,8 @@ class Engine:
             if upto > sent or finished:
                 lps = req.logprobs[sent:upto] if req.params.logprobs is not None else None
                 outs.append(RequestOutput(rid, req.output[sent:upto], finished, req.finish_reason if finished else None,
-                                          len(req.prompt), upto, req.error if finished else None, lps))
+                                          len(req.prompt), upto, req.error if finished else None, lps,
+                                          req.num_cached))
                 self._sent[rid] = upto
             if finished:
                 del self.requests[rid], self._sent[rid]

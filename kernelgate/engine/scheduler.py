@@ -18,6 +18,12 @@ When a running request needs a block and none is free, the newest running reques
 preempted: its blocks and slot are freed, and it waits at the head of the queue to be
 recomputed from its prompt + outputs (its sampling generator keeps its state, so its tokens
 are those of an uninterrupted run). Nothing is lost; the oldest request always progresses.
+
+Prefix caching (prefix_cache.py): a request that joins starts where the longest cached
+snapshot of its tokens ends (its state restored, the attention blocks shared) and prefills only
+the rest; its prefill chunks also end where snapshots are wanted (the point where its tokens
+leave the cached ones, a few blocks before a long prompt's end), and each chunk end within the
+prompt, and the request's end, is snapshot.
 """
 from __future__ import annotations
 
@@ -27,9 +33,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
-from ..executor.plan import StepResult
+from ..executor.plan import CacheOps, StepResult
 from .block_manager import BlockManager
 from .params import SamplingParams
+from .prefix_cache import PrefixCache, snapshot_points
 
 _order = itertools.count()
 
@@ -51,6 +58,9 @@ class Request:
     pending: int | None = None            # index in `output` of a token sampled but not read yet
     logprobs: list = field(default_factory=list)   # TokenLogprobs per output token, if params.logprobs is set
     arrived: float = 0.0                  # when it joined the waiting queue (the scheduler's clock)
+    num_cached: int = 0                   # prompt tokens restored from the prefix cache when it was admitted
+    block_hashes: list = field(default_factory=list)   # chained hashes of its full blocks (prefix cache)
+    snap_at: list = field(default_factory=list)        # positions where a prefill chunk must end (snapshots)
 
     @property
     def done(self) -> bool:
@@ -59,6 +69,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    @property
+    def known_tokens(self) -> int:
+        """Tokens whose ids the host has (a sampled token not read yet is not)."""
+        return self.num_tokens if self.pending is None else len(self.prompt) + self.pending
 
     def tokens(self, a: int, b: int) -> list:
         """Token ids at positions a..b-1 of prompt + output."""
@@ -90,8 +105,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, config: EngineConfig, clock=time.monotonic):
-        self.blocks = blocks
+    def __init__(self, blocks: BlockManager, config: EngineConfig, clock=time.monotonic,
+                 prefix: PrefixCache | None = None):
+        self.blocks, self.prefix = blocks, prefix
         self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         delay_factor = config.scheduler_delay_factor
@@ -121,12 +137,14 @@ class Scheduler:
         if self._admitted and self._last_schedule is not None:   # that step ran from then to now
             self.admit_seconds = now - self._last_schedule
         self._last_schedule, self._admitted = now, False
+        if self.prefix is not None:
+            self.prefix.settle()          # snapshots of the requests that ended, before their slots move on
         out = SchedulerOutput([])
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
+            n = self._chunk(req, req.num_computed, budget)
             while not self.blocks.grow(req.blocks, req.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -142,21 +160,59 @@ class Scheduler:
         while admit and self.waiting and budget > 0 and not out.preempted and len(self.running) < self.max_num_seqs \
                 and self.blocks.free_slots:
             req = self.waiting[0]
-            n = min(req.num_tokens, budget)
-            if not self.blocks.grow(req.blocks, n):
+            hit = self.prefix.lookup(req) if self.prefix is not None else None
+            snap = hit.snapshot if hit is not None else None
+            start = snap.length if snap is not None else 0
+            if snap is not None:
+                self.prefix.attach(req, snap)      # its full blocks shared, pinned for this step
+            if self.prefix is not None:
+                req.snap_at = snapshot_points(len(req.prompt), start, hit.diverge, self.max_num_batched_tokens,
+                                              self.blocks.block_size)
+            n = self._chunk(req, start, budget)
+            ok = self.blocks.grow(req.blocks, start + n)
+            if not ok and snap is not None:
+                self.blocks.release(req.blocks)   # the restore needs a block more (its partial block's copy):
+                snap.pinned = False               # without it, as if nothing were cached
+                snap, start = None, 0
+                req.snap_at = snapshot_points(len(req.prompt), 0, hit.diverge, self.max_num_batched_tokens,
+                                              self.blocks.block_size)
+                n = self._chunk(req, 0, budget)
+                ok = self.blocks.grow(req.blocks, n)
+            if not ok:
+                self.blocks.release(req.blocks)
                 break                      # waits for blocks
             self.waiting.popleft()
             req.slot = self.blocks.take_slot()
+            if snap is not None:
+                self.prefix.restore(req, snap)
+            if self.prefix is not None and req.num_preemptions == 0:
+                req.num_cached = start
+                self.prefix.queries += req.known_tokens
+                self.prefix.hits += start
             self.running.append(req)
-            out.seqs.append(Scheduled(req, 0, n))
+            out.seqs.append(Scheduled(req, start, n))
             budget -= n
             self._admitted = True
         return out
+
+    def _chunk(self, req: Request, start: int, budget: int) -> int:
+        """Tokens of `req` from `start` this step: the rest, within the budget, up to the next
+        position where a snapshot is wanted."""
+        n = min(req.num_tokens - start, budget)
+        for p in req.snap_at:
+            if p > start:
+                return min(n, p - start)
+        return n
+
+    def cache_ops(self) -> CacheOps | None:
+        """The prefix cache's device work for the step about to launch."""
+        return self.prefix.take_ops() if self.prefix is not None else None
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self._release(req)
         req.num_computed = 0
+        req.snap_at = []
         req.num_preemptions += 1
         self.waiting.appendleft(req)      # victims go newest first: the oldest ends up in front
 
@@ -177,6 +233,8 @@ class Scheduler:
             if req.done:                   # aborted or stopped while the step was queued
                 continue
             req.num_computed = s.start + s.n
+            if self.prefix is not None and req.num_computed <= len(req.prompt):
+                self.prefix.take(req, req.num_computed)      # a chunk's or the prompt's end
             if not s.samples:
                 continue
             req.pending = len(req.output)
@@ -216,6 +274,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        if self.prefix is not None and reason != "error":
+            self.prefix.defer(req, req.num_computed)          # turn N+1 resumes where turn N ended
         self._release(req)
         req.finish_reason, req.error = reason, error
         if reason != "length" and req.pending is not None:   # a token that will never be read

@@ -31,6 +31,7 @@ class Capacity:
     max_num_batched_tokens: int
     block_bytes: int              # one block over all MLA layers
     slot_bytes: int               # one sequence's KDA + conv states over all KDA layers
+    num_snapshots: int            # the prefix cache's state snapshots (each slot_bytes)
     cache_bytes: int              # everything the caches hold (scratch included)
     weights_bytes: int
     activation_bytes: int | None = None   # measured peak of one step at the token budget
@@ -52,7 +53,10 @@ class Capacity:
     def report(self) -> str:
         act = "" if self.activation_bytes is None else f", activation peak {self.activation_bytes / GiB:.2f} GiB"
         return (f"cache: {self.cache_tokens:,} tokens of MLA latents ({self.num_blocks:,} blocks of {self.block_size}), "
-                f"{self.num_slots} sequences, {self.cache_bytes / GiB:.2f} GiB; weights {self.weights_bytes / GiB:.2f} GiB"
+                f"{self.num_slots} sequences, {self.cache_bytes / GiB:.2f} GiB; "
+                + (f"prefix cache: {self.num_snapshots} state snapshots ({self.num_snapshots * self.slot_bytes / GiB:.2f} GiB); "
+                   if self.num_snapshots else "prefix cache off; ")
+                + f"weights {self.weights_bytes / GiB:.2f} GiB"
                 f"{act}; up to {self.max_concurrent_full_length:.1f}x max_model_len {self.max_model_len} at once "
                 f"[{self.source}]")
 
@@ -70,6 +74,7 @@ def plan(model, config: EngineConfig, profile, graphs: bool) -> Capacity:
     max_num_batched_tokens, util, num_cache_blocks = (config.max_num_batched_tokens, config.gpu_memory_utilization,
                                                       config.num_cache_blocks)
     bb, sb = model.block_bytes(block_size), model.slot_bytes()
+    snaps = config.num_snapshots
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     slots = max_num_seqs
     full = -(-max_model_len // block_size)
@@ -94,16 +99,17 @@ def plan(model, config: EngineConfig, profile, graphs: bool) -> Capacity:
         reserved = mod.memory_reserved() if hasattr(mod, "memory_reserved") else mod.memory_allocated()
         outside = max(0, total - free - reserved)        # other processes, driver context
         left = int(total * util) - outside - mod.memory_allocated() - act - (GRAPH_RESERVE if graphs else 0) \
-            - (slots + 1) * sb - bb
+            - (slots + 1 + snaps) * sb - bb
         blocks = max(0, left // bb) if bb else full * slots
         source = f"gpu_memory_utilization {util}"
         if blocks < full:
             raise KernelgateError(
                 f"engine: gpu_memory_utilization {util} leaves room for {blocks} cache blocks of {block_size} "
                 f"tokens ({blocks * block_size} tokens) after weights {weights / GiB:.2f} GiB, activations "
-                f"{act / GiB:.2f} GiB and {slots} state slots; one max_model_len {max_model_len} sequence needs "
-                f"{full}: lower max_model_len, max_num_seqs or max_num_batched_tokens, or raise gpu_memory_utilization")
+                f"{act / GiB:.2f} GiB, {slots} state slots and {snaps} prefix-cache snapshots; one max_model_len {max_model_len} sequence needs "
+                f"{full}: lower max_model_len, max_num_seqs, max_num_batched_tokens or prefix_snapshots, or raise "
+                "gpu_memory_utilization")
     return Capacity(num_blocks=blocks, block_size=block_size, num_slots=slots, max_model_len=max_model_len,
-                    max_num_batched_tokens=max_num_batched_tokens, block_bytes=bb, slot_bytes=sb,
-                    cache_bytes=(blocks + 1) * bb + (slots + 1) * sb, weights_bytes=weights,
+                    max_num_batched_tokens=max_num_batched_tokens, block_bytes=bb, slot_bytes=sb, num_snapshots=snaps,
+                    cache_bytes=(blocks + 1) * bb + (slots + 1 + snaps) * sb, weights_bytes=weights,
                     activation_bytes=act, device_bytes=total, source=source)

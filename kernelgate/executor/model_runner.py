@@ -17,7 +17,7 @@ from ..config import EngineConfig
 from ..models.batch import StepBatch
 from . import memory
 from .graphs import DecodeGraphs, graph_api
-from .plan import Launched, StepPlan, StepResult
+from .plan import CacheOps, Launched, StepPlan, StepResult
 from .sampling import logprobs_async, read_logprobs, sample_async
 
 log = logging.getLogger("kernelgate.engine")
@@ -59,7 +59,8 @@ class ModelRunner:
     def _make_cache(self) -> None:
         cap = self.capacity
         self.cache = None
-        self.cache = self.model.new_cache(cap.num_slots + 1, cap.num_blocks + 1, self.config.block_size)
+        self.cache = self.model.new_cache(cap.num_slots + 1, cap.num_blocks + 1, self.config.block_size,
+                                          cap.num_snapshots)
         self.scratch = (cap.num_slots, cap.num_blocks)          # (slot, block) outside the manager's range
         api = graph_api(self.model.device)[0] if self.config.graphs else None
         self.graphs = self._new_graphs() if api is not None else None
@@ -80,14 +81,16 @@ class ModelRunner:
         return size
 
     @torch.inference_mode()
-    def launch(self, seqs: list, fresh: tuple, prev=None) -> Launched:
+    def launch(self, seqs: list, fresh: tuple, prev=None, cache_ops: CacheOps | None = None) -> Launched:
         """Queue one step without waiting for the device: seqs: [Scheduled]; fresh: (slots,
         blocks) to zero first; prev: None (the input tokens come from the requests), or the
         previous step's sampled tokens on the device and, per seq, the row holding its input
-        token (None: the same rows) -- the step feeds them back unread."""
+        token (None: the same rows) -- the step feeds them back unread; cache_ops: the prefix
+        cache's saves, restores and copies around the step."""
         reqs = [s.req for s in seqs]
         plan = StepPlan([s.n for s in seqs], [r.slot for r in reqs], [s.start for s in seqs],
-                        [list(r.blocks) for r in reqs], fresh_slots=list(fresh[0]), fresh_blocks=list(fresh[1]))
+                        [list(r.blocks) for r in reqs], fresh_slots=list(fresh[0]), fresh_blocks=list(fresh[1]),
+                        cache_ops=cache_ops or CacheOps())
         tokens = None
         if prev is None:
             plan.tokens = [t for s in seqs for t in s.req.tokens(s.start, s.start + s.n)]
@@ -127,10 +130,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, plan: StepPlan, tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """One model step (what a tensor-parallel driver sends its ranks too): zero the fresh
-        slots / blocks, decode through a graph or eagerly -> logits [N, V]. tokens: the input ids
-        on the device, instead of plan.tokens."""
+        """One model step (what a tensor-parallel driver sends its ranks too): save snapshots of
+        slots, zero the fresh slots / blocks, restore snapshots and copy partial blocks, decode
+        through a graph or eagerly -> logits [N, V]. tokens: the input ids on the device,
+        instead of plan.tokens."""
+        ops = plan.cache_ops
+        self.cache.save(ops.saves)
         self.cache.clear(plan.fresh_slots, plan.fresh_blocks)
+        self.cache.restore(ops.restores)
+        self.cache.copy_rows(ops.copies)
         slots, starts, tables = plan.slots, plan.starts, plan.tables
         if tokens is None:
             tokens = plan.tokens

@@ -2,8 +2,9 @@
 
     StepPlan   what a step runs: per sequence its new tokens (or None: they are the last step's
                samples, still on the device), length, state slot, cached prefix and block table,
-               plus the slots / blocks to zero first. A tensor-parallel driver sends it to every
-               rank as int words (`to_words` / `from_words`: the one place it is packed).
+               plus the slots / blocks to zero first and the prefix cache's device work
+               (`CacheOps`). A tensor-parallel driver sends it to every rank as int words
+               (`to_words` / `from_words`: the one place it is packed).
     Launched   a step queued on the device, not read yet.
     StepResult a launched step read back: per sequence its sampled token (None: a chunk that
                does not reach the end of its tokens), its error text, its logprobs.
@@ -19,6 +20,37 @@ from .. import alloc
 
 
 @dataclass
+class CacheOps:
+    """The prefix cache's device work before one step, in this order: save slots into the
+    snapshot pool (the state the steps before left there: a prompt's or a chunk's end, a request
+    that ended -- before this step's zeroing may hand its slot on), then, after the zeroing,
+    restore snapshots into slots and copy partial blocks, then the model."""
+    saves: list = field(default_factory=list)          # (slot, snapshot)
+    restores: list = field(default_factory=list)       # (snapshot, slot)
+    copies: list = field(default_factory=list)         # (source block, destination block, rows)
+
+    def __bool__(self) -> bool:
+        return bool(self.saves or self.restores or self.copies)
+
+    def to_words(self) -> list:
+        words = [len(self.saves), len(self.restores), len(self.copies)]
+        for pairs in (self.saves, self.restores, self.copies):
+            for p in pairs:
+                words += p
+        return words
+
+    @classmethod
+    def from_words(cls, w: list) -> tuple[CacheOps, int]:
+        """-> (ops, words read)."""
+        counts, i = w[:3], 3
+        lists = []
+        for k, width in zip(counts, (2, 2, 3)):
+            lists.append([tuple(w[i + j * width:i + (j + 1) * width]) for j in range(k)])
+            i += k * width
+        return cls(*lists), i
+
+
+@dataclass
 class StepPlan:
     lengths: list                   # new tokens per sequence
     slots: list                     # state slot per sequence
@@ -27,6 +59,7 @@ class StepPlan:
     tokens: list | None = None      # all new token ids, packed; None: fed back on the device
     fresh_slots: list = field(default_factory=list)    # zero these before the step
     fresh_blocks: list = field(default_factory=list)
+    cache_ops: CacheOps = field(default_factory=CacheOps)
 
     @property
     def decode(self) -> bool:
@@ -34,7 +67,7 @@ class StepPlan:
 
     def to_words(self) -> list:
         """int words: [N, T, #fresh slots, #fresh blocks, tokens, lengths, slots, starts,
-        table widths, tables, fresh slots, fresh blocks] (tokens must be on the host)."""
+        table widths, tables, fresh slots, fresh blocks, cache ops] (tokens on the host)."""
         tables = self.tables
         words = [len(self.lengths), len(self.tokens), len(self.fresh_slots), len(self.fresh_blocks)]
         words += self.tokens
@@ -46,6 +79,7 @@ class StepPlan:
             words += t
         words += self.fresh_slots
         words += self.fresh_blocks
+        words += self.cache_ops.to_words()
         return words
 
     @classmethod
@@ -59,7 +93,9 @@ class StepPlan:
             return list(w[i - k:i])
         tokens, lengths, slots, starts, widths = take(nt), take(n), take(n), take(n), take(n)
         tables = [take(k) for k in widths]
-        return cls(lengths, slots, starts, tables, tokens, take(nfs), take(nfb))
+        fresh_slots, fresh_blocks = take(nfs), take(nfb)
+        ops, _ = CacheOps.from_words(w[i:])
+        return cls(lengths, slots, starts, tables, tokens, fresh_slots, fresh_blocks, ops)
 
 
 class Launched(NamedTuple):

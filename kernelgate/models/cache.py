@@ -12,6 +12,10 @@ Who owns which slot / block is the engine's business (its block manager); a slot
 handed to a new owner is zeroed first (`clear`), so nothing of its last owner -- not even a
 non-finite value, which a mask by multiplication would let through (0 * NaN = NaN) -- reaches
 the next one.
+
+The snapshot pool (`num_snapshots` rows of every per-slot state) holds the prefix cache's saved
+states: `save` copies slots into it, `restore` copies rows back into slots, `copy_rows` copies
+the first rows of cache blocks (a prefix's partial block into a new owner's fresh one).
 """
 from __future__ import annotations
 
@@ -36,10 +40,11 @@ def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
 
 class KVCache:
     def __init__(self, config, num_slots: int, num_blocks: int, block_size: int, device, dtype: torch.dtype,
-                 tp_size: int = 1):
+                 tp_size: int = 1, num_snapshots: int = 0):
         """tp_size: the KDA states hold this rank's linear_num_heads / tp_size heads."""
         c = config
         self.num_slots, self.num_blocks, self.block_size = num_slots, num_blocks, block_size
+        self.num_snapshots = num_snapshots
         self.device, self.dtype = torch.device(device), dtype
         H, K = c.linear_num_heads // tp_size, c.linear_head_dim
         self.kda_state, self.conv_state, self.mla_cache = {}, {}, {}
@@ -51,18 +56,52 @@ class KVCache:
             else:
                 self.mla_cache[i] = torch.zeros(num_blocks, block_size, c.kv_lora_rank + c.qk_rope_head_dim,
                                                 dtype=dtype, device=device)
+        # per-slot tensors and their snapshot pool, per-block tensors (what save / restore / copy touch)
+        self.slot_tensors = [*self.kda_state.values(), *self.conv_state.values()]
+        self.snapshot_tensors = [torch.zeros(num_snapshots, *t.shape[1:], dtype=t.dtype, device=device)
+                                 for t in self.slot_tensors]
+        self.block_tensors = list(self.mla_cache.values())
+
+    def _index(self, values) -> torch.Tensor:
+        return alloc.upload(torch.tensor(list(values), dtype=torch.long), self.device)   # (no host wait)
 
     def clear(self, slots: list = (), blocks: list = ()) -> None:
         """Zero the states of `slots` and the latents of `blocks` (for their next owner)."""
         if slots:
-            idx = alloc.upload(torch.tensor(list(slots), dtype=torch.long), self.device)   # (no host wait)
-            for t in (*self.kda_state.values(), *self.conv_state.values()):
+            idx = self._index(slots)
+            for t in self.slot_tensors:
                 t.index_fill_(0, idx, 0)
         if blocks:
-            idx = alloc.upload(torch.tensor(list(blocks), dtype=torch.long), self.device)
-            for t in self.mla_cache.values():
+            idx = self._index(blocks)
+            for t in self.block_tensors:
                 t.index_fill_(0, idx, 0)
 
+    def save(self, pairs: list) -> None:
+        """[(slot, snapshot)]: copy each slot's states into that snapshot row."""
+        if pairs:
+            idx = self._index([v for p in pairs for v in p]).view(-1, 2)
+            for t, snap in zip(self.slot_tensors, self.snapshot_tensors):
+                snap.index_copy_(0, idx[:, 1], t.index_select(0, idx[:, 0]))
+
+    def restore(self, pairs: list) -> None:
+        """[(snapshot, slot)]: copy each snapshot row's states into that slot."""
+        if pairs:
+            idx = self._index([v for p in pairs for v in p]).view(-1, 2)
+            for t, snap in zip(self.slot_tensors, self.snapshot_tensors):
+                t.index_copy_(0, idx[:, 1], snap.index_select(0, idx[:, 0]))
+
+    def copy_rows(self, copies: list) -> None:
+        """[(source block, destination block, rows)]: the first `rows` positions of the source
+        block into the destination block, in every block tensor."""
+        if copies:
+            bs = self.block_size
+            src = [s * bs + r for s, _, n in copies for r in range(n)]
+            dst = [d * bs + r for _, d, n in copies for r in range(n)]
+            idx = self._index(src + dst)
+            for t in self.block_tensors:
+                flat = t.view(-1, *t.shape[2:])
+                flat.index_copy_(0, idx[len(src):], flat.index_select(0, idx[:len(src)]))
+
     def nbytes(self) -> int:
-        ts = [*self.kda_state.values(), *self.conv_state.values(), *self.mla_cache.values()]
+        ts = [*self.slot_tensors, *self.snapshot_tensors, *self.block_tensors]
         return sum(t.numel() * t.element_size() for t in ts)

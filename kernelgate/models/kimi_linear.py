@@ -67,8 +67,9 @@ class KimiLinearForCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self, num_slots: int, num_blocks: int, block_size: int) -> KVCache:
-        return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype, self.par.size)
+    def new_cache(self, num_slots: int, num_blocks: int, block_size: int, num_snapshots: int = 0) -> KVCache:
+        return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype, self.par.size,
+                       num_snapshots)
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one cache block (block_size positions) over all attention layers."""

@@ -122,6 +122,16 @@ def test_sharded_equals_single_process(model, single, ep):
         pm(torch.tensor([[3, 512]]))
 
 
+def test_prefix_cache_hits_on_every_rank(model, single):
+    """The same prompts again on the sharded engine: every rank restores the snapshots the driver
+    planned (the step plan carries the saves / restores / copies), giving the single-process tokens."""
+    ids, logits, tokens = single
+    first = kernelgate.generate(model, PROMPTS, max_new_tokens=6, max_num_batched_tokens=32, tensor_parallel_size=2)
+    again = kernelgate.generate(model, PROMPTS, max_new_tokens=6, max_num_batched_tokens=32, tensor_parallel_size=2)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again] == tokens
+    assert max(r.num_cached_tokens for r in again) >= 60      # the long prompts resumed
+
+
 def test_load_model_tensor_parallel(model, single, tmp_path):
     ids, logits, tokens = single
     save_checkpoint(model, tmp_path)

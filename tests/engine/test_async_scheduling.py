@@ -3,6 +3,7 @@ step takes the tokens the previous step sampled straight from the device. The to
 finish reasons and the cache left behind must equal the synchronous engine's, whatever ends a
 request (stop token seen one step late, max tokens, max_model_len, abort while a step is
 queued, non-finite logits), through joins, chunked prefill, preemption and seeded sampling."""
+from helpers.engine_checks import assert_drained
 import pytest
 import torch
 
@@ -27,9 +28,9 @@ def _drive(eng, prompts, params, abort_at=None):
     fed = [0]
     launch = eng.runner.launch
 
-    def counting(seqs, fresh, prev=None):
+    def counting(seqs, fresh, prev=None, cache_ops=None):
         fed[0] += prev is not None
-        return launch(seqs, fresh, prev)
+        return launch(seqs, fresh, prev, cache_ops)
     eng.runner.launch = counting
     for i, (p, sp) in enumerate(zip(prompts, params)):
         eng.add_request(f"r{i}", p, sp)
@@ -46,8 +47,7 @@ def _drive(eng, prompts, params, abort_at=None):
         if abort_at is not None and calls == abort_at[1]:
             eng.abort(abort_at[0])
         assert calls < 500, "engine does not make progress"
-    assert eng.blocks.free_slots == eng.capacity.num_slots
-    assert eng.blocks.free_blocks == eng.capacity.num_blocks
+    assert_drained(eng)
     return [toks[f"r{i}"] for i in range(len(prompts))], reasons, fed[0]
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernelgate
+from helpers.engine_checks import assert_drained
 from kernelgate import KernelgateError
 from kernelgate.config import EngineConfig
 from kernelgate.executor.plan import StepResult
@@ -64,7 +65,7 @@ def test_requests_join_between_steps(model):
     assert kinds[:3] == ["prefill", "decode", "mixed"] and "prefill" not in kinds[3:]
     ref = kernelgate.generate(model, [p[0], p[2]], max_new_tokens=6, stop_token_ids=())
     assert got["b"] == ref[1].token_ids[:3] and got["a"] == ref[0].token_ids
-    assert eng.blocks.free_slots == 3 and eng.blocks.free_blocks == eng.capacity.num_blocks
+    assert_drained(eng)
 
 
 def test_admission_delay_groups_arriving_prompts(model):

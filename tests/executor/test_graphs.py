@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kernelgate
+from helpers.engine_checks import assert_drained
 from kernelgate.engine import Engine, SamplingParams
 from kernelgate.executor import graphs
 from kernelgate.models.batch import StepBatch
@@ -199,9 +200,33 @@ def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model)
     assert prefill.count(64) >= 1 + 256 // 64
     assert 33 in prefill                                   # an odd token count (Triton's other specialisation)
     assert any(kind == "mixed" for kind, _ in steps), steps   # a prompt joining decodes
-    assert eng.blocks.free_blocks == eng.capacity.num_blocks and eng.blocks.free_slots == eng.capacity.num_slots
+    assert_drained(eng)
     prompts = _prompts()
     out = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=eng)
     fresh = Engine(model, max_num_seqs=4, max_model_len=257, max_num_batched_tokens=64, graphs=False)
     want = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=fresh)
     assert [o.token_ids for o in out] == [o.token_ids for o in want]
+
+
+def test_graph_decode_with_prefix_cache_hits(model, fake_graphs):
+    """Requests that resume from prefix-cache snapshots (restored slots, shared blocks, a copied
+    partial block) then decode through captured graphs: tokens equal the cache-off eager engine's."""
+    doc = _prompts(1, seed=8)[0] * 3
+    prompts = [doc + p[:3] for p in _prompts(5, seed=9)]
+
+    def run(graphs_on, cache_on):
+        eng = Engine(model, max_num_seqs=2, max_model_len=96, block_size=4, max_num_batched_tokens=16,
+                     graphs=graphs_on, enable_prefix_caching=cache_on)
+        got, cached = [], []
+        for i, p in enumerate(prompts):              # one after another: later ones hit
+            eng.add_request(str(i), p, SamplingParams(max_new_tokens=6))
+            toks = []
+            while eng.has_unfinished():
+                for o in eng.step():
+                    toks += o.new_token_ids
+                    cached.append(o.num_cached_tokens)
+            got.append(toks)
+        return got, max(cached), eng.runner.graphs
+    eager, _, _ = run(False, False)
+    got, cached, g = run(True, True)
+    assert got == eager and cached >= len(doc) - 4 and g is not None and g.graphs

@@ -57,7 +57,9 @@ def test_blocks_from_what_utilisation_leaves(model, monkeypatch):
                        block_size=16)
     cap = memory.plan(model, cfg, profile=profile, graphs=True)
     bb, sb = block_bytes(model.config, 16, model.dtype), slot_bytes(model.config, model.dtype)
-    left = int(4000 * MiB * 0.5) - 30 * MiB - 100 * MiB - 50 * MiB - memory.GRAPH_RESERVE - 5 * sb - bb
+    left = int(4000 * MiB * 0.5) - 30 * MiB - 100 * MiB - 50 * MiB - memory.GRAPH_RESERVE \
+        - (5 + cfg.num_snapshots) * sb - bb      # scratch slot and the prefix cache's snapshots included
+    assert cfg.num_snapshots == 2 * 4 + 4 and cap.num_snapshots == cfg.num_snapshots
     assert cap.activation_bytes == 50 * MiB and cap.num_slots == 4
     assert cap.num_blocks == left // bb and cap.cache_tokens == cap.num_blocks * 16
     assert "gpu_memory_utilization 0.5" in cap.report()
