@@ -136,15 +136,49 @@ def _case(chunks, lens, Hq, Hkv, D, bs, hints=True, dtypes=(torch.float32, torch
 def cases():
     return [
         _case([1], [1], 4, 2, 60, 16),                                   # first token, odd head dim
-        _case([63], [63], 8, 2, 64, 16),                                 # a prompt at once
+        _case([63], [63], 6, 3, 64, 16),                                 # a prompt at once
         _case([7, 0, 65], [40, 3, 65], 6, 3, 60, 64, hints=False,         # after a prefix, an empty
               dtypes=(torch.float16,)),                                  # chunk; lengths on the device
         _case([1, 12, 5], [30, 12, 17], 16, 2, 256, 16),                 # Qwen3-Next heads, mixed step
     ]
 
 
+def _bytes(args, kwargs):
+    q, k_cache, _, _, _, seq = args[:6]
+    row = k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()
+    return 2 * int(seq.sum()) * row + 2 * q.numel() * q.element_size()
+
+
+def bench_inputs(chunks, lens, device, dtype=torch.bfloat16, Hq=16, Hkv=2, D=256, bs=64):
+    """Qwen3-Next-shaped heads; every sequence's blocks in one shuffled pool."""
+    nblk = [-(-L // bs) for L in lens]
+    width = max(nblk)
+    k = torch.randn(sum(nblk), bs, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(sum(nblk), bs, Hkv, D, device=device, dtype=dtype)
+    ids = torch.randperm(sum(nblk), device=device, dtype=torch.int32)
+    table = torch.zeros(len(lens), width, device=device, dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(nblk):
+        table[i, :n] = ids[start:start + n]
+        start += n
+    q = torch.randn(sum(chunks), Hq, D, device=device, dtype=dtype) / D ** 0.5
+    cu = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    return (q, k, v, table, cu.to(device), seq.to(device), D ** -0.5), dict(cu_seqlens_cpu=cu, seq_lens_cpu=seq)
+
+
+def bench_cases():
+    def make(chunks, lens):
+        return lambda device, dtype, gen: bench_inputs(chunks, lens, device, dtype)
+    steps = [("prompt8192", [8192], [8192]), ("chunk2048-ctx32k", [2048], [32768]),
+             ("chunk8192-ctx128k", [8192], [131072]),
+             ("64decodes-ctx4k+2prompts512", [1] * 64 + [512] * 2, [4096] * 64 + [512] * 2)]
+    return [Case(f"{name}-Hq16-Hkv2-D256-BS64", make(c, L), dtypes=(torch.bfloat16,), bytes=_bytes)
+            for name, c, L in steps]
+
+
 paged_attention_prefill = declare(OP, paged_attention_prefill_native, validate=validate, check_values=check_values,
-                                  cases=cases)
+                                  cases=cases, bench_cases=bench_cases)
 paged_attention_prefill.implementation(
     "sdpa", ".paged_attention_prefill_sdpa:paged_attention_prefill_sdpa", provider="torch",
     platforms=ALL_PLATFORMS, priority=10,

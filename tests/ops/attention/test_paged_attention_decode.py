@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from kernelgate import KernelgateError, forcing, platform, registry
+from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.registry import checked
 from attn_refs import Problem, rel
 
@@ -22,7 +22,7 @@ BOUND = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 def run(impl, plat, *args, **kwargs):
     """Dispatch through the registry with `impl` forced, as if on `plat` (None: the real one)."""
     op = registry.get(OP)
-    with platform.simulate(plat or platform.current().name), forcing({OP: impl}):
+    with platform.simulate(plat or platform.current().name), forcing({OP: impl}), alloc.poisoned():
         why = op.impls[impl].unavailable(platform.current())
         if why:
             pytest.skip(why)
@@ -76,7 +76,8 @@ def _launch(*args, **kwargs):
     if not platform.interpreting() and platform.current().device == "cpu":
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     from kernelgate.ops.attention import paged_attention_decode_triton
-    return paged_attention_decode_triton.launch(*args, **kwargs)
+    with alloc.poisoned():
+        return paged_attention_decode_triton.launch(*args, **kwargs)
 
 
 def _dense(q, k, v, scale, keep):
@@ -112,7 +113,8 @@ def _cfg():
     return T.launch_config()
 
 
-@pytest.mark.parametrize("splits,block_n", [(1, 16), (7, 16), (3, 64)], ids=["one-split", "7-splits", "3-splits-tile64"])
+@pytest.mark.parametrize("splits,block_n", [(1, 16), (7, 16), (3, 64)],
+                         ids=["one-split", "7-splits", "3-splits-tile64"])
 def test_triton_splits_and_merge(splits, block_n):
     # a 100-token sequence in tiles of 16 over 7 splits leaves the last split empty (lse -inf, not
     # read); a padding row and a one-token row; tiles spanning cache blocks of 8
@@ -179,13 +181,15 @@ BAD = {
     "k-3d": (_set(1, torch.randn(6, 4, 8)), "k_cache must have 4 dims"),
     "v-shape": (_set(2, torch.randn(6, 4, 2, 6)), "v_cache shape (6, 4, 2, 6) != k_cache shape (6, 4, 2, 8)"),
     "v-dtype": (_set(2, lambda a: a[2].half()), "v_cache dtype float16 != k_cache dtype float32"),
-    "k-strided": (_set(1, lambda a: a[1].transpose(2, 3).contiguous().transpose(2, 3)), "k_cache last dim must be contiguous"),
+    "k-strided": (_set(1, lambda a: a[1].transpose(2, 3).contiguous().transpose(2, 3)),
+                  "k_cache last dim must be contiguous"),
     "head-dim": (_set(0, torch.randn(2, 4, 6)), "q head dim 6 != k_cache head dim 8"),
     "groups": (_set(0, torch.randn(2, 3, 8)), "q heads 3 are not a multiple of the cache's KV heads 2"),
     "table-int64": (_set(3, lambda a: a[3].long()), "block_table dtype int64"),
     "seq-lens-rows": (_set(4, torch.tensor([3], dtype=torch.int32)), "seq_lens length 1 != block_table rows 2"),
     "table-rows": (_set(0, torch.randn(3, 4, 8)), "block_table rows 2 != 3 sequences"),
-    "table-too-narrow": (_set(4, torch.tensor([3, 13], dtype=torch.int32)), "needs 4 blocks of 4 > block_table width 3"),
+    "table-too-narrow": (_set(4, torch.tensor([3, 13], dtype=torch.int32)),
+                         "needs 4 blocks of 4 > block_table width 3"),
     "negative-len": (_set(4, torch.tensor([-1, 5], dtype=torch.int32)), "seq_lens[0] = -1 is negative"),
     "block-id": (lambda a: a[3].__setitem__((1, 1), 6), "block_table[1, 1] = 6 is outside [0, 6)"),
     "scale": (_set(5, -1.0), "scale must be a positive number"),

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from kernelgate import KernelgateError, forcing, platform, registry
+from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.registry import FallbackWarning, checked
 from attn_refs import Problem, rel
 
@@ -21,7 +21,7 @@ BOUND = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 def run(impl, plat, *args, **kwargs):
     """Dispatch through the registry with `impl` forced, as if on `plat` (None: the real one)."""
     op = registry.get(OP)
-    with platform.simulate(plat or platform.current().name), forcing({OP: impl}):
+    with platform.simulate(plat or platform.current().name), forcing({OP: impl}), alloc.poisoned():
         why = op.impls[impl].unavailable(platform.current())
         if why:
             pytest.skip(why)
@@ -100,8 +100,8 @@ def test_sdpa_context_pieces_merge(monkeypatch, lse_path, dtype):
 
 
 def test_sdpa_plans_from_the_hints_alone():
-    # the SDPA implementation reads lengths from the host copies: device-side tensors it never reads
-    # (here poisoned to garbage after validation would have passed) do not matter -- checked mode off
+    # the SDPA implementation plans from the host copies alone: the lengths tensors (garbage here;
+    # the implementation is called directly, past validation) are never read
     from kernelgate.ops.attention.paged_attention_prefill_sdpa import paged_attention_prefill_sdpa
     pb = Problem([40, 12], [3, 12], 4, 2, 32, 16, torch.float32, seed=1)
     bad_cu, bad_lens = torch.full_like(pb.cu, 10**6), torch.full_like(pb.seq_lens, -5)
@@ -126,7 +126,8 @@ def _launch(*args, **kwargs):
     if not platform.interpreting() and platform.current().device == "cpu":
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     from kernelgate.ops.attention import paged_attention_prefill_triton
-    return paged_attention_prefill_triton.launch(*args, **kwargs)
+    with alloc.poisoned():
+        return paged_attention_prefill_triton.launch(*args, **kwargs)
 
 
 @pytest.mark.parametrize("bq,block_n", [(1, 16), (4, 32), (16, 64)], ids=["BQ1-BN16", "BQ4-BN32", "BQ16-BN64"])
@@ -236,3 +237,13 @@ def test_checked_mode_compares_hints_with_the_device_values():
     args = _args()
     with checked(True), pytest.raises(KernelgateError, match=r"cu_seqlens_cpu\[1\] = 3 != cu_seqlens\[1\] = 2"):
         op.check_values(*args, cu_seqlens_cpu=torch.tensor([0, 3, 7], dtype=torch.int32))
+
+
+def test_doctor_lists_triton_for_xpu():
+    # the portable kernel is declared for XPU too; SDPA (fused kernels per sequence) ranks first
+    op = registry.get(OP)
+    with platform.simulate("xpu"):
+        reasons = {i.name: r for i, r in op.explain()}
+    assert reasons["sdpa"] is None
+    if not platform.current().triton:
+        assert reasons["triton"] == "lower priority than sdpa"
