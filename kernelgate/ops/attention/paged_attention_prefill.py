@@ -20,7 +20,10 @@ Token j of sequence i (n_i new tokens) sits at position seq_lens[i] - n_i + j an
 cu_seqlens and seq_lens live on q's device or on the host. Values are checked (cu_seqlens not
 from 0 to T or decreasing, a length shorter than its chunk, a table too narrow, a block id
 outside the cache, a hint that differs from its tensor -> KernelgateError) by the native
-reference and checked mode (KERNELGATE_CHECKS=1); by validate where they are on the host.
+reference and checked mode (KERNELGATE_CHECKS=1); by validate where they are on the host. The
+Triton kernel reads no value on the host: a block id outside [0, num_blocks) is not read (its
+positions leave the softmax), a length past the table is cut at the table's width, a token whose
+position falls before 0 sees nothing (o = 0), rows outside [0, T) are neither read nor written.
 """
 from __future__ import annotations
 
