@@ -15,6 +15,12 @@ E, E+1, ..., E+S-1 and weight sum(routed w before the scaling) = 1.0 when renorm
 `sum_j w_j * expert_j(x)` gives the shared expert(s) unit weight and the routed experts
 `routed_scaling_factor` in total. SGLang draws the shared id at random among S replicas of one
 shared expert and writes one column; here every shared expert gets its own deterministic column.
+
+Qwen MoE routers (Qwen2-MoE, Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE) are the case scoring="softmax",
+bias=None, n_group = topk_group = 1, renormalize = norm_topk_prob, routed_scaling_factor = 1.0:
+softmax over all E experts in fp32, top-k, w / sum(w). Their shared expert has a gate of its own
+(sigmoid(x W_g), per token): with num_fused_shared_experts=1 the model overwrites column topk
+(id E) with that weight.
 """
 from __future__ import annotations
 
@@ -187,6 +193,10 @@ def cases():
         _case(9, 96, 3, 2, 8, renorm=False, rsf=1.0),                     # non-power-of-two groups
         _case(7, 60, 4, 3, 5, scoring="softmax"),                         # odd E, 15 per group
         _case(0, 256, 8, 4, 8, dtypes=(torch.bfloat16,)),                 # empty batch
+        # Qwen3-Next-80B-A3B / Qwen3.5-35B-A3B: softmax over all experts, no bias, top-k renormalised;
+        # the shared slot's weight (sigmoid of its own gate) is the model's to write
+        _case(65, 512, 1, 1, 10, scoring="softmax", rsf=1.0, bias=False, shared=1),
+        _case(1, 256, 1, 1, 8, scoring="softmax", rsf=1.0, bias=False, shared=1, dtypes=(torch.bfloat16,)),
     ]
 
 

@@ -76,6 +76,54 @@ def test_matches_hf_router(impl, kind, T, E, n_group, topk_group, topk, rsf, dty
     torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-6)
 
 
+def _hf_softmax_router(kind, E, topk, norm):
+    """transformers' Qwen routers (softmax over E in fp32, top-k, optional renormalisation)."""
+    if kind == "qwen3_next":
+        from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig as Config
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextTopKRouter as Router
+    elif kind == "qwen3_5_moe":   # always renormalises (no norm_topk_prob)
+        from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig as Config
+        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter as Router
+    else:
+        from transformers.models.qwen2_moe.configuration_qwen2_moe import Qwen2MoeConfig as Config
+        from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter as Router
+    router = Router(Config(hidden_size=E, num_experts=E, num_experts_per_tok=topk, norm_topk_prob=norm))
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(E))   # identity gate: router_logits == hidden states, exactly
+    return router
+
+
+@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("kind,T,E,topk,norm", [
+    pytest.param("qwen3_next", 65, 512, 10, True, id="qwen3next-80b-T65-E512-k10"),
+    pytest.param("qwen3_5_moe", 63, 256, 8, True, id="qwen3.5-35b-T63-E256-k8"),
+    pytest.param("qwen2_moe", 1, 60, 4, False, id="qwen2moe-T1-E60-k4-raw"),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_matches_hf_qwen_softmax_router(impl, kind, T, E, topk, norm, dtype):
+    # softmax routing, no bias, one group, the shared expert's slot fused (its id E; the model
+    # writes its weight). bf16 logits are distinct multiples of 1/64 (exact in bf16): torch.topk
+    # orders ties its own way, the op by expert id
+    g = torch.Generator().manual_seed(T * 1000 + E)
+    if dtype == torch.bfloat16:
+        logits = torch.stack([(torch.randperm(E, generator=g) - E // 2) / 64 for _ in range(T)]).to(dtype)
+    else:
+        logits = 2 * torch.randn(T, E, generator=g)
+    router = _hf_softmax_router(kind, E, topk, norm)
+    with torch.no_grad():
+        _, hf_w, hf_ids = router(logits.float())
+    w, ids = route(impl, logits, None, topk, 1, 1, norm, 1.0, scoring="softmax", num_fused_shared_experts=1)
+    assert w.shape == ids.shape == (T, topk + 1) and w.dtype == torch.float32 and ids.dtype == torch.int32
+    assert torch.equal(ids[:, topk], torch.full((T,), E, dtype=torch.int32))
+    got_ids, got_w = by_id(w[:, :topk], ids[:, :topk])
+    ref_ids, ref_w = by_id(hf_w.float(), hf_ids)
+    assert torch.equal(got_ids, ref_ids)
+    torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-7)
+    # a zero bias selects the same experts with the same weights
+    w0, ids0 = route(impl, logits, torch.zeros(E), topk, 1, 1, norm, 1.0, scoring="softmax", num_fused_shared_experts=1)
+    assert torch.equal(ids0, ids) and torch.equal(w0, w)
+
+
 # -- hand-computed E=8, 2 groups of 4 ------------------------------------------------------
 P = [0.9, 0.1, 0.2, 0.3, 0.8, 0.7, 0.6, 0.05]    # sigmoid scores; group sums (top-2): 1.2 | 1.5
 

@@ -1,0 +1,92 @@
+"""`paged_attention_prefill` through torch's scaled_dot_product_attention (every platform).
+
+Per sequence with new tokens, the context's keys and values are gathered from the paged cache
+([L, Hkv, D] each: GQA keeps them compact, no per-query-head copy) and attended:
+
+- The context fits one piece (L <= PIECE, the usual chunk): ONE public SDPA call over [0, L)
+  with grouped-query heads (`enable_gqa`) and bottom-right causal alignment (is_causal when the
+  chunk starts the sequence, else `causal_lower_right`). 4-D [1, H, n, D] inputs: the fused
+  kernels take only batched inputs.
+- Longer contexts: the prefix [0, p0) and the chunk [p0, L) are cut into pieces at p0, as in
+  `mla_prefill_sdpa`, attended by its `attend_lse` (torch's fused kernels that return the lse,
+  fp32 math where none takes the call) and merged by log-sum-exp in fp32. A prefix piece needs
+  no mask, so the G query heads of a KV head are stacked along the query axis ([1, Hkv, G n, D]
+  against [1, Hkv, P, D]): no key / value copy per query head. A chunk piece is top-left causal
+  for the queries from a - p0 on; its keys and values are repeated per query head (a piece of
+  at most PIECE positions).
+
+The host plans the loop from cu_seqlens_cpu / seq_lens_cpu where given (or from the tensors
+themselves when they are on the host); otherwise one device -> host copy per call.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ... import alloc
+from ..mla.mla_prefill_sdpa import attend_lse
+from . import paged
+
+PIECE = 16384            # context positions attended at a time (beyond one SDPA call)
+
+
+def _lower_right(n: int, L: int):
+    """torch's bottom-right causal bias, imported on first use (torch.nn.attention.bias imports
+    torch._dynamo: ~3 s of a CPU start-up that a prompt prefilled in one step never needs)."""
+    from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right(n, L)
+
+
+def _merge(acc, mx, den, po, plse, first):
+    """Fold a piece's (o [Hq, m, D], lse [Hq, m]) into the running sums of queries first..first+m."""
+    m_new = torch.maximum(mx[:, first:], plse)
+    a_old, a_new = torch.exp(mx[:, first:] - m_new), torch.exp(plse - m_new)
+    acc[:, first:] = acc[:, first:] * a_old[..., None] + po * a_new[..., None]
+    den[:, first:] = den[:, first:] * a_old + a_new
+    mx[:, first:] = m_new
+
+
+def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale):
+    """Output rows [t0, t1) of one sequence of L positions."""
+    n = t1 - t0
+    p0 = L - n
+    Hq, D = q.shape[1], q.shape[2]
+    Hkv = k_cache.shape[2]
+    G = Hq // Hkv
+    qi = q[t0:t1].transpose(0, 1)[None]                                      # [1, Hq, n, D]
+    if L <= PIECE:
+        k = paged.gather(k_cache, table_row, L).transpose(0, 1)[None]        # [1, Hkv, L, D]
+        v = paged.gather(v_cache, table_row, L).transpose(0, 1)[None]
+        mask = None if p0 == 0 else _lower_right(n, L)
+        out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=p0 == 0, scale=scale,
+                                             enable_gqa=G > 1)
+        return out[0].transpose(0, 1)
+    acc = torch.zeros(Hq, n, D, dtype=torch.float32, device=q.device)
+    mx = torch.full((Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
+    den = torch.zeros(Hq, n, dtype=torch.float32, device=q.device)
+    q_grouped = qi.reshape(1, Hkv, G * n, D)                                 # head h = kv * G + g
+    for a in range(0, p0, PIECE):                                            # prefix: every query sees it
+        b = min(a + PIECE, p0)
+        k = paged.gather(k_cache, table_row, b, a).transpose(0, 1)[None]     # [1, Hkv, P, D]
+        v = paged.gather(v_cache, table_row, b, a).transpose(0, 1)[None]
+        po, plse = attend_lse(q_grouped, k, v, scale, causal=False)
+        _merge(acc, mx, den, po.reshape(Hq, n, D), plse.reshape(Hq, n), 0)
+    for a in range(p0, L, PIECE):                                            # chunk: causal, from a - p0 on
+        b, first = min(a + PIECE, L), a - p0
+        k = paged.gather(k_cache, table_row, b, a).transpose(0, 1).repeat_interleave(G, dim=0)[None]
+        v = paged.gather(v_cache, table_row, b, a).transpose(0, 1).repeat_interleave(G, dim=0)[None]
+        po, plse = attend_lse(qi[:, :, first:], k, v, scale, causal=True)
+        _merge(acc, mx, den, po[0], plse[0], first)
+    return (acc / den[..., None]).transpose(0, 1).to(q.dtype)
+
+
+def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_table, cu_seqlens, seq_lens, scale,
+                                 cu_seqlens_cpu=None, seq_lens_cpu=None):
+    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()   # host: no sync
+    lens = (seq_lens if seq_lens_cpu is None else seq_lens_cpu).tolist()
+    o = alloc.empty(q.shape, q.dtype, q.device)
+    for i, L in enumerate(lens):
+        t0, t1 = bounds[i], bounds[i + 1]
+        if t1 > t0:
+            o[t0:t1] = _attend_one(q, k_cache, v_cache, block_table[i], t0, t1, L, scale)
+    return o
