@@ -1,10 +1,12 @@
 """Continuous batching with a token budget per step, chunked prefill and preemption.
 
 Every request is a token list (prompt, then its outputs) of which `num_computed` are in the
-cache. Each step gives each running request, oldest first, the tokens it still needs -- one
-for a decode, the rest of its prompt (or a chunk of it) for a prefill -- until the step's
-budget (`max_num_batched_tokens`) is spent; then waiting requests join while the budget, a
-state slot and enough cache blocks for their first chunk are there. A long prompt is thus
+cache. Each step first gives every decoding request its one token, then each running prompt,
+oldest first, the rest of its tokens (or a chunk of them) until the step's budget
+(`max_num_batched_tokens`) is spent -- vLLM's policy: a long prompt's chunks take what the
+decodes leave, so the streams already running keep their pace while it prefills -- then waiting
+requests join while the budget, a state slot and enough cache blocks for their first chunk are
+there. A long prompt is thus
 prefilled over several steps, each chunk attending to its cached prefix, side by side with
 the other requests' decodes. A request whose chunk reaches the end of its tokens samples one.
 
@@ -141,21 +143,30 @@ class Scheduler:
             self.prefix.settle()          # snapshots of the requests that ended, before their slots move on
         out = SchedulerOutput([])
         budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        # decodes first (one token each: a long prompt's chunks never stall the others' streams),
+        # then the running prompts' next chunks, oldest first, in what the budget leaves
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed == 1]
+        chunks = [r for r in self.running if r.num_tokens - r.num_computed != 1]
+        for req in decodes + chunks:
+            if budget <= 0:
+                break
+            if req.slot is None:          # preempted in this step
+                continue
             n = self._chunk(req, req.num_computed, budget)
             while not self.blocks.grow(req.blocks, req.num_computed + n):
-                victim = self.running[-1]
+                victim = self.running[-1]         # the newest: it may already be in this step
+                for k, sch in enumerate(out.seqs):
+                    if sch.req is victim:
+                        budget += out.seqs.pop(k).n
+                        break
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
-            if req.slot is None:          # preempted itself: it was the newest, nothing follows
-                break
+            if req.slot is None:
+                continue
             out.seqs.append(Scheduled(req, req.num_computed, n))
             budget -= n
-            i += 1
         admit = self._may_admit(now)
         while admit and self.waiting and budget > 0 and not out.preempted and len(self.running) < self.max_num_seqs \
                 and self.blocks.free_slots:

@@ -191,3 +191,22 @@ def test_slot_and_block_reuse_start_from_zero(model):
     left = ({0, 1, 2} - set(again)).pop()
     assert all(float(t[slot].abs().sum()) == 0 for t in (*cache.kda_state.values(), *cache.conv_state.values()))
     assert all(float(t[again].abs().sum()) == 0 and t[left].isnan().all() for t in cache.mla_cache.values())
+
+
+def test_decodes_go_first_and_prompts_take_what_is_left():
+    """vLLM's chunked-prefill policy: every decoding request gets its token each step, even when an
+    older request is prefilling a long prompt; the prompt's chunk takes the rest of the budget."""
+    from kernelgate.engine.block_manager import BlockManager
+    from kernelgate.engine.scheduler import Request, Scheduler
+    s = Scheduler(BlockManager(64, 4, 8), EngineConfig(max_num_seqs=4, max_num_batched_tokens=16,
+                                                        max_model_len=256))
+    old = Request("old-long-prompt", list(range(1, 101)), SamplingParams(max_new_tokens=4))
+    new = Request("new-decoding", [1, 2, 3], SamplingParams(max_new_tokens=8))
+    for r, computed in ((old, 32), (new, 3)):
+        r.slot = s.blocks.take_slot()
+        assert s.blocks.grow(r.blocks, computed + 1)
+        r.num_computed = computed
+        s.running.append(r)
+    new.output = [7]                                  # its first token: one to feed
+    out = s.schedule()
+    assert [(x.req.request_id, x.start, x.n) for x in out.seqs] == [("new-decoding", 3, 1), ("old-long-prompt", 32, 15)]

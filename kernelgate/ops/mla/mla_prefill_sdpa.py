@@ -120,10 +120,14 @@ def _pad(t, width):
     return F.pad(t, (0, width - t.shape[3])) if t.shape[3] < width else t
 
 
-# cuDNN builds an execution plan per shape on first use (~0.75 s each on an H200): only pieces
-# of budget-sized chunks (a few shapes per process) go to it; odd lengths (a prompt's last
-# chunk, a short remainder of the prefix) take the next kernel
+# cuDNN builds an execution plan per shape on first use (slowly): it gets only pieces whose
+# lengths are multiples of CUDNN_MULTIPLE (a few shapes per process, met by the warm-up). A
+# piece's queries are padded up to the next multiple when that adds at most a quarter (a mixed
+# step's chunk is the budget minus its decode tokens); a causal (square) piece pads its keys
+# alike -- top-left causal, the padded keys are seen by the padded queries alone. Other lengths
+# (a prompt's short last chunk, the remainder of the prefix) take the next kernel.
 CUDNN_MULTIPLE = 8192
+CUDNN_PAD = 0.25
 
 # torch's fused kernels that return the lse (private ops), fastest first, per device type
 LSE_KERNELS = {"cudnn": _lse_cudnn, "flash": _lse_flash, "efficient": _lse_efficient, "cpu_flash": _lse_cpu_flash}
@@ -149,10 +153,13 @@ def attend_lse(q, k, v, scale, causal):
     for name in order:
         if name == "math":
             break
-        if name == "cudnn" and not FORCE_LSE and (q.shape[2] % CUDNN_MULTIPLE or nk % CUDNN_MULTIPLE):
-            continue
+        fn = LSE_KERNELS[name]
+        if name == "cudnn" and not FORCE_LSE:
+            fn = planned(fn, q.shape[2], nk, causal, CUDNN_MULTIPLE)
+            if fn is None:
+                continue
         try:
-            return LSE_KERNELS[name](q, k, v, scale, causal)
+            return fn(q, k, v, scale, causal)
         except Exception as e:  # noqa: BLE001 - an unsupported shape/dtype/backend: the next one
             key = (q.device.type, q.dtype, name)
             if key not in _warned:
@@ -161,6 +168,26 @@ def attend_lse(q, k, v, scale, causal):
                               f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); trying the next "
                               f"(last: fp32 math)", FallbackWarning, stacklevel=3)
     return _math_lse(q, k, v, scale, causal)
+
+
+def planned(kernel, nq: int, nk: int, causal: bool, multiple: int, most: float = CUDNN_PAD):
+    """`kernel` run on a piece padded to lengths that are multiples of `multiple` (zero rows:
+    queries appended and dropped from the output; for a causal square piece keys and values too,
+    seen only by the padded queries), or None where that would pad more than `most` of the
+    queries, or the keys of a piece that is not causal (they would take part in the softmax)."""
+    mq = -(-nq // multiple) * multiple
+    if nq == 0 or mq - nq > most * nq or (nk % multiple and not (causal and nq == nk)):
+        return None
+    if mq == nq and nk % multiple == 0:
+        return kernel
+
+    def run(q, k, v, scale, causal):
+        pad = (0, 0, 0, mq - nq)
+        if causal:
+            k, v = F.pad(k, pad), F.pad(v, pad)
+        o, lse = kernel(F.pad(q, pad), k, v, scale, causal)
+        return o[:, :, :nq], lse[:, :, :nq]
+    return run
 
 
 def _runs(bounds, lens, batched: bool):

@@ -71,6 +71,36 @@ def test_sdpa_context_pieces_merge(monkeypatch, lse_path, dtype):
     assert rel(o, ref) < BOUND[dtype], rel(o, ref)
 
 
+def test_cudnn_pieces_padded_to_planned_lengths(monkeypatch):
+    """A mixed step's chunk is the budget minus its decode tokens: its query count is padded up
+    to the planned multiple (cuDNN plans each shape once), causal square pieces pad their keys
+    too; the padded rows change nothing. A stand-in for the cuDNN kernel takes only multiples of
+    4 (as cuDNN here takes multiples of CUDNN_MULTIPLE) and computes in fp32; every piece it cannot
+    take (a non-causal piece of other length, too much padding) goes to the next kernel."""
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    calls = []
+
+    def stand_in(q, k, v, scale, causal):
+        assert q.shape[2] % 4 == 0 and k.shape[2] % 4 == 0, (q.shape, k.shape)
+        calls.append((q.shape[2], k.shape[2], causal))
+        return S._math_lse(q, k, v, scale, causal)
+    monkeypatch.setattr(S, "PIECE", 8)
+    monkeypatch.setattr(S, "CUDNN_MULTIPLE", 4)
+    monkeypatch.setitem(S.LSE_KERNELS, "cudnn", stand_in)
+    monkeypatch.setitem(S.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
+    # chunks of 7 / 15 / 9 tokens after prefixes of 16 / 9 / 23: padded to 8 / 16 / 12 queries
+    pb = Problem([23, 24, 32], [7, 15, 9], 2, 32, 16, 24, 16, 8, torch.float32, seed=5)
+    w_kv = pb.w_kv(torch.float32)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).float()
+    o = run("sdpa", q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
+    w = w_kv.double()
+    assert rel(o, pb.expanded(w[:, :24], w[:, 24:])) < 1e-5
+    assert any(nq == nk and causal and nq % 4 == 0 for nq, nk, causal in calls)      # a padded causal piece
+    assert any(not causal for _, _, causal in calls)                                 # a prefix piece
+    assert S.planned(stand_in, 5, 8, False, 4) is None                               # pads 3 of 5 queries
+    assert S.planned(stand_in, 8, 6, False, 4) is None                               # keys not padded unmasked
+
+
 @pytest.mark.parametrize("varlen", ["device", "math"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sdpa_runs_of_short_sequences(monkeypatch, varlen, dtype):
