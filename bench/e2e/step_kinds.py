@@ -1,0 +1,92 @@
+"""Pure prefill, mixed and decode steps side by side (issue 35): B prompts of --context tokens
+through `kernelgate.generate(timing=...)` on one reused engine, with the engine's own step kinds
+(`Timing.steps`): each kind's median step time, its tokens, and a mixed step's time against a
+pure prefill step of the same chunk. The budget (max_num_batched_tokens) sets the chunk.
+
+    PYTHONPATH=. python bench/e2e/step_kinds.py --layers 27 --context 32768,131072 --batch 4
+    PYTHONPATH=. python bench/e2e/step_kinds.py --tiny --device cpu --context 300 --budget 64   # smoke run
+
+Also printed: the prompt tokens' rate over the whole batch, and the model FLOPs per prompt token
+at the mean context (MoE's active experts, the dense layers, KDA's chunked form, MLA over the
+prefix, the LM head) with the fraction of --peak TFLOP/s it reaches.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def flops_per_token(c, ctx: float) -> float:
+    """Forward FLOPs of one prompt token at mean context `ctx` (2 per multiply-add)."""
+    D, f = c.hidden_size, 0.0
+    H, K = c.linear_num_heads, c.linear_head_dim
+    for kind, mlp in zip(c.layer_types, c.mlp_types):
+        if kind == "kda":
+            f += 2 * D * (3 * H * K + 2 * K + H) + 2 * 2 * K * H * K + 2 * H * K * D   # projections
+            f += 2 * H * (4 * K * K + 64 * K)                                          # chunked delta rule (chunk 64)
+        else:
+            R, Dr, Dn, Dv, Hm = c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, c.num_attention_heads
+            f += 2 * D * (Hm * (Dn + Dr) + R + Dr) + 2 * R * Hm * (Dn + Dv) + 2 * Hm * Dv * D
+            f += 2 * Hm * ctx * (Dn + Dr + Dv)                                          # attention over the prefix
+        if mlp == "moe":
+            f += 2 * D * c.num_experts + 3 * 2 * D * c.moe_intermediate_size * (c.num_experts_per_token + c.num_shared_experts)
+        else:
+            f += 3 * 2 * D * c.intermediate_size
+    return f                  # (the LM head runs once per sequence, not per prompt token)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--context", default="32768,131072", help="prompt lengths, comma-separated")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--new", type=int, default=65)
+    ap.add_argument("--budget", type=int, default=8192)
+    ap.add_argument("--peak", type=float, default=790.0, help="bf16 TFLOP/s of the device (measured)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--tiny", action="store_true")
+    a = ap.parse_args()
+    import kernelgate
+    from kernelgate.models import build, real_width, tiny
+    from kernelgate.platform import default_device
+    from kernelgate.serving.drive import Timing
+    from kernelgate.serving.warmup import warm_up
+    dev = torch.device(a.device) if a.device else default_device()
+    cfg = tiny(num_hidden_layers=a.layers) if a.tiny else real_width(a.layers)
+    dtype = torch.float32 if a.tiny else torch.bfloat16
+    t0 = time.perf_counter()
+    model = build(cfg, device=dev, dtype=dtype, seed=0)
+    print(f"built {a.layers} layers in {time.perf_counter() - t0:.1f} s", flush=True)
+    ctxs = [int(x) for x in a.context.split(",")]
+    eng = kernelgate.Engine(model, max_num_seqs=a.batch, max_model_len=max(ctxs) + a.new,
+                            max_num_batched_tokens=a.budget, enable_prefix_caching=False)
+    warm_up(eng, log=lambda m: print(m, flush=True), every_shape=dev.type != "cpu")
+    print(f"| context | B | kind | steps | median s | median tokens | mixed / prefill | prompt tok/s | "
+          f"GFLOP/token | of {a.peak:.0f} TFLOP/s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for ctx in ctxs:
+        g = torch.Generator().manual_seed(ctx)
+        prompts = [torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist() for _ in range(a.batch)]
+        t = Timing()
+        kernelgate.generate(model, prompts, max_new_tokens=a.new, stop_token_ids=(), timing=t, engine=eng)
+        by = {}
+        for kind, tokens, secs in t.steps:
+            by.setdefault(kind, []).append((secs, tokens))
+        med = {k: statistics.median(s for s, _ in v) for k, v in by.items()}
+        fpt = flops_per_token(cfg, ctx / 2)
+        rate = t.prefill_tokens / t.prefill_s if t.prefill_s else float("nan")
+        for kind in ("prefill", "mixed", "decode"):
+            if kind not in by:
+                continue
+            ratio = f"{med['mixed'] / med['prefill']:.2f}" if kind == "mixed" and "prefill" in med else ""
+            tail = f"{rate:.0f} | {fpt / 1e9:.2f} | {rate * fpt / 1e12 / a.peak:.2f}" if kind == "prefill" else " | | "
+            print(f"| {ctx} | {a.batch} | {kind} | {len(by[kind])} | {med[kind]:.4f} | "
+                  f"{statistics.median(n for _, n in by[kind])} | {ratio} | {tail} |", flush=True)
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()
