@@ -44,6 +44,10 @@ class Metrics(Observer):
                                      registry=r).labels(**labels)
         self.generation_tokens = Counter("kernelgate:generation_tokens", "Tokens generated.", lbl,
                                          registry=r).labels(**labels)
+        self.prefix_queries = Counter("kernelgate:prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                      "cache.", lbl, registry=r).labels(**labels)
+        self.prefix_hits = Counter("kernelgate:prefix_cache_hits", "Prompt tokens served from the prefix cache "
+                                   "(not recomputed).", lbl, registry=r).labels(**labels)
         self.finished = Counter("kernelgate:request_success", "Finished requests by finish reason.",
                                 [*lbl, "finished_reason"], registry=r)
         self.step_seconds = Histogram("kernelgate:engine_step_seconds", "Engine steps by kind "
@@ -63,9 +67,11 @@ class Metrics(Observer):
             self.step_seconds.labels(**self._labels, kind=kind).observe(secs)
             self.step_tokens.labels(**self._labels, kind=kind).inc(tokens)
 
-    def on_first_token(self, seconds: float, prompt_tokens: int) -> None:
+    def on_first_token(self, seconds: float, prompt_tokens: int, cached_tokens: int = 0) -> None:
         self.ttft.observe(seconds)
         self.prompt_tokens.inc(prompt_tokens)
+        self.prefix_queries.inc(prompt_tokens)
+        self.prefix_hits.inc(cached_tokens)
         self.generation_tokens.inc()
 
     def on_tokens(self, n: int, seconds_per_token: float) -> None:

@@ -34,6 +34,7 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list | None = None       # TokenLogprobs of token_ids, when asked for
+    cached: int = 0                    # prompt tokens served from the prefix cache
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Choice:
     token_ids: list
     finish_reason: str
     logprobs: list | None = None
+    cached: int = 0
 
 
 async def deltas(stream: RequestStream, detok: Detokenizer):
@@ -51,13 +53,14 @@ async def deltas(stream: RequestStream, detok: Detokenizer):
         async for out in stream:
             text = detok.update(out.new_token_ids)
             if detok.stopped is not None:
-                yield Delta(text, out.new_token_ids, "stop", logprobs=out.logprobs)
+                yield Delta(text, out.new_token_ids, "stop", logprobs=out.logprobs, cached=out.num_cached_tokens)
                 return
             if out.finished:
                 text += detok.finish()
-                yield Delta(text, out.new_token_ids, out.finish_reason or "error", out.error, out.logprobs)
+                yield Delta(text, out.new_token_ids, out.finish_reason or "error", out.error, out.logprobs,
+                            out.num_cached_tokens)
                 return
-            yield Delta(text, out.new_token_ids, logprobs=out.logprobs)
+            yield Delta(text, out.new_token_ids, logprobs=out.logprobs, cached=out.num_cached_tokens)
     finally:
         stream.abort()      # no-op when finished; otherwise frees the slot now
 
@@ -107,14 +110,17 @@ class Responder:
         self.created = int(time.time())
         self.return_token_ids, self.echo, self.include_usage = return_token_ids, echo, include_usage
         self.completion_tokens = 0
+        self.cached = [0] * len(jobs)          # per job: prompt tokens its engine request found cached
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def usage(self) -> dict:
+        """OpenAI's usage; a prompt of n choices counts once (its first choice's cached tokens)."""
         p = sum(len(j.prompt_ids) for j in self.jobs if j.counts_prompt)
+        cached = sum(c for c, j in zip(self.cached, self.jobs) if j.counts_prompt)
         return {"prompt_tokens": p, "completion_tokens": self.completion_tokens,
-                "total_tokens": p + self.completion_tokens}
+                "total_tokens": p + self.completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _logprobs(self, i: int, ids: list, entries: list | None) -> dict | None:
         return self.logprobs.format(i, ids, entries) if self.logprobs is not None else None
@@ -135,6 +141,7 @@ class Responder:
                 c.update(prompt_token_ids=job.prompt_ids, token_ids=r.token_ids)
             choices.append(c)
         self.completion_tokens = sum(len(r.token_ids) for r in results)
+        self.cached = [r.cached for r in results]
         return {**self._head("chat.completion" if self.chat else "text_completion"),
                 "choices": choices, "usage": self.usage()}
 
@@ -169,6 +176,7 @@ class Responder:
         async with contextlib.aclosing(merged(gens)) as outs:
             async for i, d in outs:
                 self.completion_tokens += len(d.token_ids)
+                self.cached[i] = max(self.cached[i], d.cached)
                 failed = d.finish_reason == "error"
                 if d.text or d.token_ids or not failed:
                     first = self.return_token_ids and not self.chat and i not in started
@@ -197,6 +205,7 @@ async def collect(gens: list) -> list[Choice]:
         c = out[i]
         c.text += d.text
         c.token_ids.extend(d.token_ids)
+        c.cached = max(c.cached, d.cached)
         if d.logprobs is not None:
             c.logprobs = c.logprobs or []
             c.logprobs.extend(d.logprobs)

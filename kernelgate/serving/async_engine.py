@@ -53,7 +53,7 @@ class Observer:
 
     def on_step(self, running: int, waiting: int, cache_usage: float, step=None) -> None:
         """step: (kind "prefill" | "decode" | "mixed", tokens, seconds) of the engine step, or None."""
-    def on_first_token(self, seconds: float, prompt_tokens: int) -> None: ...
+    def on_first_token(self, seconds: float, prompt_tokens: int, cached_tokens: int = 0) -> None: ...
     def on_tokens(self, n: int, seconds_per_token: float) -> None: ...
     def on_finish(self, e2e_seconds: float, reason: str) -> None: ...
 
@@ -222,7 +222,7 @@ class AsyncEngine:
         n = len(out.new_token_ids)
         if n:
             if t.last is None:
-                self.observer.on_first_token(now - t.arrival, out.prompt_len)
+                self.observer.on_first_token(now - t.arrival, out.prompt_len, out.num_cached_tokens)
                 if n > 1:
                     self.observer.on_tokens(n - 1, 0.0)
             else:
