@@ -138,8 +138,11 @@ def test_concurrent_streams_match_offline(server, model):
         assert [e["choices"][0]["finish_reason"] for e in chunks[:-1]] == [None] * (len(chunks) - 1)
         finishes.add(chunks[-1]["choices"][0]["finish_reason"])
         assert chunks[-1]["choices"][0]["finish_reason"] == w.finish_reason
-        assert usage["choices"] == [] and usage["usage"] == {
+        u = dict(usage["usage"])
+        cached = u.pop("prompt_tokens_details")["cached_tokens"]
+        assert usage["choices"] == [] and u == {
             "prompt_tokens": len(p), "completion_tokens": len(w.token_ids), "total_tokens": len(p) + len(w.token_ids)}
+        assert 0 <= cached < len(p)
     assert "length" in finishes
 
 
