@@ -6,6 +6,18 @@ once) with at most `--max-concurrency` in flight; every request streams. Reports
 vLLM's `bench serve` reports, under its names: request / output / total token throughput,
 TTFT, TPOT (time per output token after the first), ITL (gap between chunks) and E2EL
 (end-to-end latency), each as mean / median / std / p90 / p99, in milliseconds.
+
+`--dataset` picks the workload:
+  random         independent prompts (above)
+  multi-turn     --num-conversations conversations of --turns turns, run concurrently: each turn
+                 sends the whole conversation so far (a --system-len system prompt shared by all,
+                 then every earlier user turn and answer, as token ids) plus a new --input-len
+                 user turn, and waits for its --output-len answer before the next
+  shared-prefix  one --prefix-len document and --num-prompts questions of --input-len tokens
+                 about it, asked one after another (at most --max-concurrency at once)
+The prefix-cache workloads also report the first turns' and the later turns' TTFT apart and the
+hit rate: prompt tokens served from the cache (`usage.prompt_tokens_details.cached_tokens`) over
+prompt tokens.
 """
 from __future__ import annotations
 
@@ -38,6 +50,14 @@ def parser(cls) -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=flags.int_at_least(1), default=128)
     p.add_argument("--range-ratio", type=flags.float_in(0.0, 1.0), default=0.0,
                    help="lengths uniform in [len*(1-r), len*(1+r)] (default 0: exact)")
+    p.add_argument("--dataset", choices=("random", "multi-turn", "shared-prefix"), default="random",
+                   help="random: independent prompts; multi-turn: conversations that re-send their history each "
+                        "turn; shared-prefix: questions about one document, one after another")
+    p.add_argument("--num-conversations", type=flags.int_at_least(1), default=32, help="multi-turn: conversations")
+    p.add_argument("--turns", type=flags.int_at_least(1), default=8, help="multi-turn: turns per conversation")
+    p.add_argument("--system-len", type=flags.int_at_least(0), default=2048,
+                   help="multi-turn: tokens of the system prompt every conversation starts with")
+    p.add_argument("--prefix-len", type=flags.int_at_least(1), default=32768, help="shared-prefix: document tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=flags.float_in(0.0, 1e6, lo_open=True), default=600.0,
                    help="seconds per request")
@@ -65,6 +85,9 @@ class Outcome:
     itl: list = field(default_factory=list)
     latency: float = 0.0
     error: str = ""
+    turn: int = 0                  # its place in its conversation (0: the first request)
+    cached: int = 0                # prompt tokens the server found in its prefix cache
+    token_ids: list = field(default_factory=list)
 
 
 async def _one(client, url: str, body: dict, headers: dict) -> Outcome:
@@ -94,8 +117,10 @@ async def _one(client, url: str, body: dict, headers: dict) -> Outcome:
                     else:
                         out.itl.append(now - last)
                     last = now
+                    out.token_ids += obj["choices"][0].get("token_ids") or []
                 if obj.get("usage"):
                     out.output_len = obj["usage"]["completion_tokens"]
+                    out.cached = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         out.latency = time.perf_counter() - t0
         out.ok = out.ttft > 0
     except (httpx.HTTPError, OSError, ValueError) as e:
@@ -133,26 +158,55 @@ async def _prepare(args) -> tuple:
     def length(n):
         lo, hi = max(1, int(n * (1 - args.range_ratio))), max(1, int(n * (1 + args.range_ratio)))
         return rng.randint(lo, hi)
-    bodies = []
-    for _ in range(args.num_prompts):
-        bodies.append({"model": model, "prompt": [rng.randrange(vocab) for _ in range(length(args.input_len))],
-                       "max_tokens": length(args.output_len), "temperature": 0.0, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}})
+    def ids(n):
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    def turn(prompt, history):
+        return {"model": model, "prompt": prompt, "max_tokens": length(args.output_len), "temperature": 0.0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                "return_token_ids": True, "history": history}
+    if args.dataset == "multi-turn":
+        system = ids(args.system_len)
+        convs = [[turn((system if t == 0 else []) + ids(length(args.input_len)), True) for t in range(args.turns)]
+                 for _ in range(args.num_conversations)]
+    elif args.dataset == "shared-prefix":
+        doc = ids(args.prefix_len)
+        convs = [[turn(doc + ids(length(args.input_len)), False)] for _ in range(args.num_prompts)]
+    else:
+        convs = [[turn(ids(length(args.input_len)), False)] for _ in range(args.num_prompts)]
     at, arrivals = 0.0, []
-    for _ in bodies:
-        at += 0.0 if math.isinf(args.request_rate) else rng.expovariate(args.request_rate)
+    for _ in convs:
+        at += 0.0 if math.isinf(args.request_rate) or args.dataset != "random" else rng.expovariate(args.request_rate)
         arrivals.append(at)
-    return model, bodies, arrivals
+    return model, convs, arrivals
 
 
 def _headers(args) -> dict:
     return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
 
+async def _conversation(client, url: str, turns: list, headers: dict) -> list:
+    """Send a conversation's turns one after another; a turn with `history` sends everything so far
+    (earlier prompts and answers, as token ids) before its own tokens -> one Outcome per turn."""
+    outs, sofar = [], []
+    for k, body in enumerate(turns):
+        body = dict(body)
+        prompt = (sofar if body.pop("history") else []) + body["prompt"]
+        body["prompt"] = prompt
+        o = await _one(client, url, body, headers)
+        o.turn = k
+        outs.append(o)
+        if not o.ok:
+            break
+        sofar = prompt + o.token_ids
+    return outs
+
+
 async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None, headers: dict,
                  timeout: float, ready=None) -> tuple:
-    """Send `bodies` at their arrival offsets, at most `concurrency` in flight;
-    -> (outcomes, start, end) on the monotonic clock (one clock for every process).
+    """Send `bodies` (conversations: lists of turns) at their arrival offsets, at most
+    `concurrency` conversations in flight; -> (outcomes, start, end) on the monotonic clock
+    (one clock for every process).
     Before the clock starts, as many connections as will be in flight are opened (a GET of
     /health each) and `await ready()` waits for the other client processes: the load
     generator's own start-up (imports, TCP connects) is not the server's time."""
@@ -171,9 +225,9 @@ async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None
         if ready is not None:
             await ready()
 
-        async def limited(body):
+        async def limited(conv):
             async with sem:
-                return await _one(client, url, body, headers)
+                return await _conversation(client, url, conv, headers)
         t0 = time.monotonic()
         tasks = []
         for body, at in zip(bodies, arrivals):
@@ -181,7 +235,7 @@ async def _drive(url: str, bodies: list, arrivals: list, concurrency: int | None
             if wait > 0:
                 await asyncio.sleep(wait)
             tasks.append(asyncio.create_task(limited(body)))
-        outcomes = await asyncio.gather(*tasks)
+        outcomes = [o for conv in await asyncio.gather(*tasks) for o in conv]
     t1 = time.monotonic()
     gc.unfreeze()          # (run in-process, e.g. `cli.main([...])`, the caller's heap is its own again)
     return outcomes, t0, t1
@@ -199,8 +253,9 @@ def client_processes(args) -> int:
     ~10k SSE chunks/s), at most half the cores."""
     if args.client_processes:
         return args.client_processes
-    streams = args.max_concurrency or args.num_prompts
-    return max(1, min((os.cpu_count() or 2) // 2, math.ceil(streams / 16), args.num_prompts))
+    n = args.num_conversations if args.dataset == "multi-turn" else args.num_prompts
+    streams = args.max_concurrency or n
+    return max(1, min((os.cpu_count() or 2) // 2, math.ceil(streams / 16), n))
 
 
 def _run(args, bodies: list, arrivals: list) -> tuple:
@@ -230,10 +285,13 @@ def _run(args, bodies: list, arrivals: list) -> tuple:
 
 def _bench(args) -> dict:
     base = args.base_url.rstrip("/")
+    if args.dataset == "shared-prefix" and args.max_concurrency is None:
+        args.max_concurrency = 1                     # one question after another
     model, bodies, arrivals = asyncio.run(_prepare(args))
     outcomes, duration = _run(args, bodies, arrivals)
     ok = [o for o in outcomes if o.ok]
-    res = {"backend": "openai", "base_url": base, "model_id": model, "num_prompts": args.num_prompts,
+    res = {"backend": "openai", "base_url": base, "model_id": model, "dataset": args.dataset,
+           "num_prompts": len(outcomes),
            "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
            "max_concurrency": args.max_concurrency, "input_len": args.input_len, "output_len": args.output_len,
            "range_ratio": args.range_ratio, "seed": args.seed, "date": time.strftime("%Y%m%d-%H%M%S"),
@@ -248,6 +306,13 @@ def _bench(args) -> dict:
     _stats("tpot", [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1], res)
     _stats("itl", [x for o in ok for x in o.itl], res)
     _stats("e2el", [o.latency for o in ok], res)
+    if args.dataset != "random":
+        first = [o for o in ok if o.turn == 0] if args.dataset == "multi-turn" else ok[:1]
+        later = [o for o in ok if o.turn > 0] if args.dataset == "multi-turn" else ok[1:]
+        _stats("ttft_first", [o.ttft for o in first], res)
+        _stats("ttft_later", [o.ttft for o in later], res)
+        res["cached_tokens"] = sum(o.cached for o in ok)
+        res["prefix_cache_hit_rate"] = res["cached_tokens"] / max(1, res["total_input_tokens"])
     res["errors"] = [o.error for o in outcomes if not o.ok][:20]
     return res
 
@@ -273,6 +338,12 @@ def table(res: dict) -> str:
         row(f"Median {key.upper()} (ms):", res[f"median_{key}_ms"])
         for p in PERCENTILES[1:]:
             row(f"P{p} {key.upper()} (ms):", res[f"p{p}_{key}_ms"])
+    if "prefix_cache_hit_rate" in res:
+        lines.append("{s:{c}^60}".format(s=" Prefix cache ", c="-"))
+        row("Median TTFT, first turns / first prompt (ms):", res["median_ttft_first_ms"])
+        row("Median TTFT, later turns / prompts (ms):", res["median_ttft_later_ms"])
+        row("Cached prompt tokens:", res["cached_tokens"])
+        row("Hit rate (cached / prompt tokens):", res["prefix_cache_hit_rate"])
     lines.append("=" * 60)
     return "\n".join(lines)
 

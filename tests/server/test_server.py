@@ -318,3 +318,26 @@ def test_bench_serve_smoke(server, tmp_path):
             assert f"{stat}_{metric}_ms" in res
         assert res[f"mean_{metric}_ms"] > 0
     assert res["p99_e2el_ms"] >= res["median_e2el_ms"] >= res["median_ttft_ms"]
+
+
+def test_bench_serve_prefix_workloads(server, tmp_path):
+    """The multi-turn and shared-prefix workloads: turn k re-sends the conversation (its prompt is
+    every earlier prompt and answer plus a new user turn), later turns and questions hit the prefix
+    cache, and the hit rate is what the usage blocks said."""
+    from kernelgate import cli
+    out = tmp_path / "mt.json"
+    assert cli.main(["bench", "serve", "--base-url", server, "--dataset", "multi-turn", "--num-conversations", "2",
+                     "--turns", "3", "--system-len", "300", "--input-len", "20", "--output-len", "4", "--json",
+                     "--result-file", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["completed"] == 6 and res["failed"] == 0
+    # prompts: turn k = 300 (system, first turn only... then the history) + 20 per turn + 4 per answer
+    assert res["total_input_tokens"] == 2 * ((300 + 20) + (300 + 20 + 4 + 20) + (300 + 2 * 24 + 20))
+    assert res["cached_tokens"] >= 2 * (300 + 300 + 24) and 0 < res["prefix_cache_hit_rate"] < 1
+    out = tmp_path / "sp.json"
+    assert cli.main(["bench", "serve", "--base-url", server, "--dataset", "shared-prefix", "--prefix-len", "300",
+                     "--num-prompts", "3", "--input-len", "8", "--output-len", "2", "--json",
+                     "--result-file", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["completed"] == 3 and res["max_concurrency"] == 1 and res["cached_tokens"] >= 2 * 256
+    assert {"median_ttft_first_ms", "median_ttft_later_ms"} <= set(res)
