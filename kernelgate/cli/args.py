@@ -92,7 +92,8 @@ def add_engine_args(p, **defaults) -> None:
         default = defaults.get(f.name, f.default)
         shown = f" (default {default})" if default is not None and f.type != "bool" else ""
         if f.type == "bool":
-            g.add_argument(*names, dest=f.name, action="store_true", default=None, help=m["help"])
+            g.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=m["help"] + f" (default {'on' if default else 'off'})")
         elif f.type.startswith("int"):
             g.add_argument(*names, dest=f.name, type=int_at_least(m["lo"]), default=defaults.get(f.name),
                            metavar="N", help=m["help"] + shown)

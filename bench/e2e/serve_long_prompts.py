@@ -1,0 +1,80 @@
+"""Long prompts beside running decodes, served (issue 35): 64 short streams decode while 8
+prompts of 32,768 tokens arrive at once, on one `kernelgate serve`. Reports the long prompts'
+TTFT (p50 / p99) against the offline time to prefill all of them (`kernelgate.generate` on the
+same checkpoint, wall time of the call), and the short streams' inter-token latency while
+the long prompts prefill (p50 / p99) against their ITL alone. Target: TTFT p99 <= 1.15 x offline.
+
+    PYTHONPATH=. python bench/e2e/serve_long_prompts.py --model /tmp/kernelgate-ckpt/kimi-4l
+    PYTHONPATH=. python bench/e2e/serve_long_prompts.py --tiny                     # dry run on any machine
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_prefix import serve, write_checkpoint  # noqa: E402
+
+
+def bench_args(base, n, conc, inp, out, seed):
+    return [sys.executable, "-m", "kernelgate", "bench", "serve", "--base-url", base, "--json", "--num-prompts",
+            str(n), "--max-concurrency", str(conc), "--input-len", str(inp), "--output-len", str(out), "--seed",
+            str(seed)]
+
+
+def main() -> None:
+    import json
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--long", type=int, default=32768)
+    ap.add_argument("--num-long", type=int, default=8)
+    ap.add_argument("--short", type=int, default=64)
+    a = ap.parse_args()
+    if a.tiny:
+        a.long, a.short, a.num_long = 512, 8, 4
+    if a.model and not (Path(a.model) / "config.json").exists():
+        write_checkpoint(Path(a.model), a.layers)
+    srv, base = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
+                                                     "--max-model-len", str(a.long + 64)])
+    try:
+        subprocess.run(bench_args(base, 8, 8, 16, 4, 0), capture_output=True, check=True)
+        alone = json.loads(subprocess.run(bench_args(base, a.short, a.short, 128, 64, 1), capture_output=True,
+                                          text=True, check=True).stdout.strip().splitlines()[-1])
+        # the short streams long enough to outlast the long prompts' prefill; the long ones join after 1 s
+        shorts = subprocess.Popen(bench_args(base, a.short, a.short, 128, 256 if not a.tiny else 48, 2),
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        longs = json.loads(subprocess.run(bench_args(base, a.num_long, a.num_long, a.long, 16, 3), capture_output=True,
+                                          text=True, check=True).stdout.strip().splitlines()[-1])
+        short = json.loads(shorts.communicate()[0].strip().splitlines()[-1])
+    finally:
+        srv.terminate()
+        srv.wait(60)
+    # offline: the same long prompts' prefill rate through generate() on the checkpoint
+    import torch
+
+    import kernelgate
+    from kernelgate.cli.model import builtin_model
+    model = builtin_model() if a.tiny else kernelgate.load_model(a.model)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, model.config.vocab_size, (a.long,), generator=g).tolist() for _ in range(a.num_long)]
+    kernelgate.generate(model, prompts[:1], max_new_tokens=2, max_model_len=a.long + 64)     # warm
+    t0 = time.perf_counter()
+    kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, enable_prefix_caching=False)
+    offline = time.perf_counter() - t0
+    print(f"\n| figure | value | against |\n|---|---:|---|")
+    print(f"| offline prefill of {a.num_long} x {a.long} tokens | {offline:.2f} s ({a.num_long * a.long / offline:,.0f} tok/s) | |")
+    print(f"| long prompts' TTFT p50 / p99 | {longs['median_ttft_ms'] / 1e3:.2f} / {longs['p99_ttft_ms'] / 1e3:.2f} s | "
+          f"p99 = {longs['p99_ttft_ms'] / 1e3 / offline:.2f} x offline (target <= 1.15) |")
+    print(f"| short streams' ITL p50 / p99 with the long prompts | {short['median_itl_ms']:.1f} / "
+          f"{short['p99_itl_ms']:.1f} ms | alone: {alone['median_itl_ms']:.1f} / {alone['p99_itl_ms']:.1f} ms |")
+
+
+if __name__ == "__main__":
+    main()
