@@ -68,7 +68,7 @@ def main() -> None:
     t0 = time.perf_counter()
     kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, enable_prefix_caching=False)
     offline = time.perf_counter() - t0
-    print(f"\n| figure | value | against |\n|---|---:|---|")
+    print("\n| figure | value | against |\n|---|---:|---|")
     print(f"| offline prefill of {a.num_long} x {a.long} tokens | {offline:.2f} s ({a.num_long * a.long / offline:,.0f} tok/s) | |")
     print(f"| long prompts' TTFT p50 / p99 | {longs['median_ttft_ms'] / 1e3:.2f} / {longs['p99_ttft_ms'] / 1e3:.2f} s | "
           f"p99 = {longs['p99_ttft_ms'] / 1e3 / offline:.2f} x offline (target <= 1.15) |")
