@@ -27,8 +27,8 @@ def upload(host: torch.Tensor, device) -> torch.Tensor:
     """Host -> device copy that does not make the host wait for the device: through pinned
     memory, non-blocking, where the device is CUDA / ROCm (a pageable copy syncs the stream)."""
     device = torch.device(device)
-    if device.type == "cpu":
-        return host
+    if device.type == "cpu" or host.device.type != "cpu":   # (already on a device: an ordinary copy, if any)
+        return host.to(device)
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)

@@ -3,11 +3,12 @@
 Per sequence with new tokens, the context's keys and values are gathered from the paged cache
 ([L, Hkv, D] each: GQA keeps them compact, no per-query-head copy) and attended:
 
-- The context fits one piece (L <= PIECE, the usual chunk): ONE public SDPA call over [0, L)
-  with grouped-query heads (`enable_gqa`) and bottom-right causal alignment (is_causal when the
-  chunk starts the sequence, else `causal_lower_right`). 4-D [1, H, n, D] inputs: the fused
-  kernels take only batched inputs.
-- Longer contexts: the prefix [0, p0) and the chunk [p0, L) are cut into pieces at p0, as in
+- A chunk that starts its sequence and fits one piece (L <= PIECE, a prompt's first chunk): ONE
+  public SDPA call over [0, L), causal, with grouped-query heads (`enable_gqa`). 4-D
+  [1, H, n, D] inputs: the fused kernels take only batched inputs.
+- A chunk after a cached prefix, or a longer context: the prefix [0, p0) and the chunk [p0, L)
+  are cut into pieces at p0 (no bottom-right causal mask: torch's builds on torch._dynamo,
+  seconds to import in a request), as in
   `mla_prefill_sdpa`, attended by its `attend_lse` (torch's fused kernels that return the lse,
   fp32 math where none takes the call) and merged by log-sum-exp in fp32. A prefix piece needs
   no mask, so the G query heads of a KV head are stacked along the query axis ([1, Hkv, G n, D]
@@ -30,13 +31,6 @@ from . import paged
 PIECE = 16384            # context positions attended at a time (beyond one SDPA call)
 
 
-def _lower_right(n: int, L: int):
-    """torch's bottom-right causal bias, imported on first use (torch.nn.attention.bias imports
-    torch._dynamo: ~3 s of a CPU start-up that a prompt prefilled in one step never needs)."""
-    from torch.nn.attention.bias import causal_lower_right
-    return causal_lower_right(n, L)
-
-
 def _merge(acc, mx, den, po, plse, first):
     """Fold a piece's (o [Hq, m, D], lse [Hq, m]) into the running sums of queries first..first+m."""
     m_new = torch.maximum(mx[:, first:], plse)
@@ -54,12 +48,10 @@ def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale):
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
     qi = q[t0:t1].transpose(0, 1)[None]                                      # [1, Hq, n, D]
-    if L <= PIECE:
+    if p0 == 0 and L <= PIECE:
         k = paged.gather(k_cache, table_row, L).transpose(0, 1)[None]        # [1, Hkv, L, D]
         v = paged.gather(v_cache, table_row, L).transpose(0, 1)[None]
-        mask = None if p0 == 0 else _lower_right(n, L)
-        out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=p0 == 0, scale=scale,
-                                             enable_gqa=G > 1)
+        out = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=G > 1)
         return out[0].transpose(0, 1)
     acc = torch.zeros(Hq, n, D, dtype=torch.float32, device=q.device)
     mx = torch.full((Hq, n), float("-inf"), dtype=torch.float32, device=q.device)

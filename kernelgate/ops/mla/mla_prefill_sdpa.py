@@ -5,12 +5,12 @@ per-head keys [W_uk c, k_r] and values W_uv c in the query's dtype, PIECE positi
 time, so memory is bounded in the context (Kimi, bf16: ~0.5 GB of transients per 16k
 positions) and linear in the chunk.
 
-- The context fits one piece (L <= PIECE, the usual chunk): ONE public SDPA call over
-  [0, L) with bottom-right causal alignment (is_causal when the chunk starts the sequence,
-  else `causal_lower_right`, which CUDA/ROCm run as a mask-free fused kernel and other
-  backends materialise). 4-D [1, H, n, D] inputs: the fused kernels take only batched
-  inputs (3-D falls back to the unfused math path).
-- Longer contexts: the prefix [0, p0) and the chunk [p0, L) are cut into pieces at p0, so
+- A chunk that starts its sequence and fits one piece (L <= PIECE, a prompt's first chunk):
+  ONE public SDPA call over [0, L), causal. 4-D [1, H, n, D] inputs: the fused kernels take
+  only batched inputs (3-D falls back to the unfused math path).
+- A chunk after a cached prefix, or a longer context: the prefix [0, p0) and the chunk
+  [p0, L) are cut into pieces at p0 (no bottom-right causal mask: torch's builds on
+  torch._dynamo, seconds to import in a request), so
   a prefix piece needs no mask (every query sees all of it) and a chunk piece [a, b) is
   plain top-left causal for the queries from a - p0 on (query a - p0 + t sees keys a..a+t;
   earlier queries see none of it and are left out). Each piece returns (o, lse) and the
@@ -52,13 +52,6 @@ PIECE = 16384            # context positions expanded at a time
 MATH_BYTES = 1 << 28     # fp32 score tile budget of the math fallback
 FORCE_LSE: str | None = None   # tests / bench: one LSE_KERNELS name, or "math" (the portable path)
 _warned: set = set()
-
-
-def _lower_right():
-    """torch's bottom-right causal bias, imported on first use: torch.nn.attention.bias imports
-    torch._dynamo (~3 s of a CPU start-up; a prompt prefilled in one step never needs it)."""
-    from torch.nn.attention.bias import causal_lower_right
-    return causal_lower_right
 
 
 def expand(cache, table_row, start, end, w, H, Dn, Dv, R, dtype):
@@ -275,10 +268,9 @@ def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
     n = t1 - t0
     p0 = L - n
     qi = q[t0:t1].transpose(0, 1)[None]                                      # [1, H, n, Dn + Dr]
-    if L <= PIECE:
+    if p0 == 0 and L <= PIECE:
         k, v = expand(cache, table_row, 0, L, w, H, Dn, Dv, R, q.dtype)
-        mask = None if p0 == 0 else _lower_right()(n, L)
-        out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=p0 == 0, scale=scale)
+        out = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale)
         return out[0].transpose(0, 1)
     acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
     mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
