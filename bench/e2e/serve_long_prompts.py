@@ -40,7 +40,7 @@ def main() -> None:
         a.long, a.short, a.num_long = 512, 8, 4
     if a.model and not (Path(a.model) / "config.json").exists():
         write_checkpoint(Path(a.model), a.layers)
-    srv, base = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
+    srv, base, _ = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
                                                      "--max-model-len", str(a.long + 64)])
     try:
         subprocess.run(bench_args(base, 8, 8, 16, 4, 0), capture_output=True, check=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def write_checkpoint(folder: Path, layers: int) -> None:
 
 
 def serve(model: str | None, flags: list) -> tuple:
+    """-> (server process, base URL, log path)."""
     port = free_port()
     log = open(f"/tmp/kernelgate-serve-prefix-{port}.log", "w")
     argv = [sys.executable, "-m", "kernelgate", "serve", "--port", str(port), *(["--model", model] if model else []),
@@ -49,12 +51,36 @@ def serve(model: str | None, flags: list) -> tuple:
     while True:
         try:
             urllib.request.urlopen(f"{base}/health", timeout=2)
-            return srv, base
+            return srv, base, log.name
         except OSError:
             if srv.poll() is not None or time.perf_counter() - t0 > 600:
                 srv.kill()
                 raise SystemExit("server did not start:\n" + open(log.name).read()[-3000:])
             time.sleep(0.5)
+
+
+STEP = re.compile(r"kernelgate step: t=([\d.]+) adds=(\d+) kind=(\w+) tokens=(\d+) seqs=(\d+) dt=([\d.]+)")
+ADD = re.compile(r"kernelgate add: t=([\d.]+) id=(\S+) prompt=(\d+)")
+
+
+def timeline(log_path: str, start: int) -> tuple:
+    """The server's debug log from byte `start`: (a summary line of its engine steps, the step lines)."""
+    with open(log_path) as f:
+        f.seek(start)
+        text = f.read()
+    steps = [(float(m[1]), int(m[2]), m[3], int(m[4]), int(m[5]), float(m[6])) for m in STEP.finditer(text)]
+    adds = [float(m[1]) for m in ADD.finditer(text)]
+    if not steps:
+        return "no steps logged", []
+    span = steps[-1][0] + steps[-1][5] - min([steps[0][0], *adds])
+    by = {}
+    for _, _, kind, tok, _, dt in steps:
+        n, t, d = by.get(kind, (0, 0, 0.0))
+        by[kind] = (n + 1, t + tok, d + dt)
+    busy = sum(s[5] for s in steps)
+    line = (f"engine busy {busy:.2f} s of {span:.2f} s ({busy / span:.0%}); " + ", ".join(
+        f"{k}: {n} steps, {t} tokens, {d * 1e3 / n:.1f} ms/step" for k, (n, t, d) in sorted(by.items())))
+    return line, [m.group(0) for m in re.finditer(r"kernelgate (?:step|add): .*", text)]
 
 
 def bench(base: str, args: list) -> dict:
@@ -71,6 +97,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tiny", action="store_true", help="the built-in model and small workloads")
     ap.add_argument("--parts", default="multi-turn,shared-prefix,random")
+    ap.add_argument("--trace", metavar="DIR", help="the servers at log level debug: per run, a summary of the "
+                                                  "engine's steps, and every step / arrival line in DIR")
     a = ap.parse_args()
     if a.model and not (Path(a.model) / "config.json").exists():
         t0 = time.perf_counter()
@@ -91,11 +119,18 @@ def main() -> None:
     flags = ["--max-num-seqs", "8" if small else "64", "--max-model-len", "2048" if small else "40960"]
     res = {}
     for on in (True, False):
-        srv, base = serve(None if small else a.model, flags + ([] if on else ["--no-enable-prefix-caching"]))
+        srv, base, log = serve(None if small else a.model, flags + ([] if on else ["--no-enable-prefix-caching"])
+                               + (["--log-level", "debug"] if a.trace else []))
         try:
             bench(base, ["--num-prompts", "8", "--input-len", "16", "--output-len", "4"])     # HTTP path warm
             for part in parts:
-                res[(part, on)] = r = bench(base, work[part] + ["--seed", "1" if on else "1"])
+                mark = os.path.getsize(log)
+                res[(part, on)] = r = bench(base, work[part] + ["--seed", "1"])
+                if a.trace:
+                    line, lines = timeline(log, mark)
+                    print(f"  [{part}, cache {'on' if on else 'off'}] {line}", flush=True)
+                    Path(a.trace).mkdir(parents=True, exist_ok=True)
+                    Path(a.trace, f"{part}-{'on' if on else 'off'}.log").write_text("\n".join(lines))
                 print(f"{part:14} cache {'on ' if on else 'off'}: {r['output_throughput']:.0f} out tok/s, TTFT p50 "
                       f"{r['median_ttft_ms']:.1f} ms" + (f", later turns p50 {r['median_ttft_later_ms']:.1f} ms, "
                                                          f"first {r['median_ttft_first_ms']:.1f} ms, hit rate "

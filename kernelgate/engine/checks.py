@@ -18,10 +18,11 @@ def check_prompt(prompt, vocab: int, who: str) -> list:
         raise KernelgateError(f"engine: {who}: prompt must be a list of token ids, got {type(prompt).__name__}")
     if not prompt:
         raise KernelgateError(f"engine: {who} has an empty prompt")
-    if not all(type(t) is int for t in prompt):      # (the common case first: an exact type test is cheap)
+    exact = set(map(type, prompt)) == {int}            # (the common case first: one pass over the types)
+    if not exact:
         bad = next((t for t in prompt if not is_int(t)), None)
         if bad is not None:
             raise KernelgateError(f"engine: {who}: token ids must be ints, got {type(bad).__name__} {bad!r}")
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise KernelgateError(f"engine: {who} has token ids outside [0, {vocab})")
-    return [int(t) for t in prompt]
+    return list(prompt) if exact else [int(t) for t in prompt]

@@ -11,8 +11,8 @@ request writes the rest of it).
 Snapshots are taken (`take`)
 - at the end of every prompt, and at every other prefill chunk boundary (so a long shared
   document resumes near its end);
-- at the last block boundary of a prompt of 4 blocks or more (a hit must leave one token to
-  compute, so a prompt sent again resumes there, not at its end);
+- at the last block boundary of a prompt of 4 blocks or more that found nothing cached (a hit
+  must leave one token to compute, so a prompt sent again resumes there, not at its end);
 - for a prompt longer than one step's token budget, at a few block boundaries shortly before its
   end (2, 4, 8 and 16 blocks before it): where a later prompt that shares the document but not
   its last line is likely to diverge;
@@ -264,14 +264,15 @@ class PrefixCache:
 
 def snapshot_points(prompt_len: int, start: int, diverge: int, budget: int, bs: int) -> list:
     """Chunk ends that get a snapshot, besides every chunk end within the prompt: the divergence
-    point; for a prompt of 4 blocks or more, its last block boundary (a hit must leave a token to
-    compute: the same prompt sent again resumes there); for a prompt longer than a step's budget,
+    point; for a prompt of 4 blocks or more that found nothing cached, its last block boundary (a
+    hit must leave a token to compute: the same prompt sent again resumes there); for a prompt
+    longer than a step's budget,
     a few more block boundaries before its end (where a question after a shared document is
     likely to start)."""
     pts = set()
     if start < diverge < prompt_len:
         pts.add(diverge)
-    if prompt_len - start >= 4 * bs:
+    if start == 0 and prompt_len >= 4 * bs:          # (a request that resumed has its snapshots already)
         pts.add((prompt_len - 1) // bs * bs)
     if prompt_len - start > budget:
         for k in LADDER:
