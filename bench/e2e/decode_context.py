@@ -4,7 +4,7 @@ are profiled, and the device kernels are listed per step, side by side for the c
 kernels whose time grows with context are the answer). Issue 15's end-to-end target: the step
 at 128k <= 1.25 x the step at 1k.
 
-    PYTHONPATH=. python bench/decode_context.py [--contexts 1024,131072] [--batches 1,8] [--tiny]
+    PYTHONPATH=. python bench/e2e/decode_context.py [--contexts 1024,131072] [--batches 1,8] [--tiny]
 """
 from __future__ import annotations
 

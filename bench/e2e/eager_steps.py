@@ -5,7 +5,7 @@ split into the host's launch time and the wait for the device. A micro-benchmark
 times one bf16 GEMM's host cost for a repeated and for a new M (cuBLAS chooses a kernel per
 shape).
 
-    PYTHONPATH=. python bench/eager_steps.py [--layers 4] [--waves 6] [--profile]
+    PYTHONPATH=. python bench/e2e/eager_steps.py [--layers 4] [--waves 6] [--profile]
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args()
     from kernelgate.engine import Engine, SamplingParams
-    from kernelgate.engine.warmup import warm_up
+    from kernelgate.serving.warmup import warm_up
     from kernelgate.models import build, real_width, tiny
     dev = torch.device("cpu" if a.tiny else "cuda")
     if a.tiny:   # no CUDA: the helpers below only need these to be no-ops
@@ -90,9 +90,10 @@ def main():
         print(f"| {w} ({'repeated count' if same else 'new count'}) | {st.kind} | {st.tokens} | {launch:.2f} | {total:.2f} |")
     if a.profile:
         import cProfile
+        import os
         import pstats
         import sys
-        sys.path.insert(0, "bench")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from kimi_profile import sync_sites
         sites = sync_sites(lambda: wave("sync", [a.length] * a.new))
         print("\nsyncs in a repeated-count wave: " + "; ".join(f"{k} x{v}" for k, v in sites.items()))

@@ -1,7 +1,7 @@
 """Time to first token of `kernelgate run --model DIR` on a fresh machine and on the second run
 (issue 16: second run <= 15 s including model load; first run reported).
 
-    PYTHONPATH=. python bench/first_token.py --model /tmp/kernelgate-ckpt
+    PYTHONPATH=. python bench/e2e/first_token.py --model /tmp/kernelgate-ckpt
 
 Each run is a new process, timed from its start to its exit, generating one token for a short
 prompt (so the wall time is the time to the first token, start-up included). The first run

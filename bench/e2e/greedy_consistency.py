@@ -8,9 +8,9 @@ between the two most likely tokens (nats, from the run alone): a near-tie (gap b
 dtype's noise) is rounding in a differently shaped batch; a large gap is a bug. The first
 token is also checked against a plain forward of the model (no engine, no cache).
 
-    python bench/greedy_consistency.py --dtype bfloat16
-    python bench/greedy_consistency.py --dtype float32
-    python bench/greedy_consistency.py --tiny --dtype float32 --n 4 --input-len 8 --output-len 8   # CPU
+    python bench/e2e/greedy_consistency.py --dtype bfloat16
+    python bench/e2e/greedy_consistency.py --dtype float32
+    python bench/e2e/greedy_consistency.py --tiny --dtype float32 --n 4 --input-len 8 --output-len 8   # CPU
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # the repo root
 
 
 def main():
@@ -35,8 +35,7 @@ def main():
 
     import torch
 
-    from kernelgate.engine.engine import Engine
-    from kernelgate.engine.sampling import SamplingParams
+    from kernelgate.engine import Engine, SamplingParams
     from kernelgate.models import build, real_width, tiny
     from kernelgate.platform import default_device
     dev = default_device()

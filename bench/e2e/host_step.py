@@ -4,7 +4,7 @@ and a stand-in graph whose replay does nothing (so it runs on a CPU and measures
 and the host side of torch calls). On a GPU the same loop bounds the step from below: a
 decode step whose graph replays faster than this is host-bound.
 
-    PYTHONPATH=. python bench/host_step.py [--batches 1,8,64] [--context 1024] [--steps 300] [--profile]
+    PYTHONPATH=. python bench/e2e/host_step.py [--batches 1,8,64] [--context 1024] [--steps 300] [--profile]
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def _capture(graph, pool=None):
 
 def engine_for(B: int, ctx: int, device: str):
     from kernelgate.engine import Engine, SamplingParams
-    from kernelgate.engine import graphs as G
-    from kernelgate.engine import model_runner as MR
+    from kernelgate.executor import graphs as G
+    from kernelgate.executor import model_runner as MR
     from kernelgate.models import build, tiny
     model = build(tiny(), device, torch.float32)
     fake = lambda dev: ((_Graph, _capture, lambda: None), None)  # noqa: E731

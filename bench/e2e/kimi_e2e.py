@@ -2,7 +2,7 @@
 model forced to native ops vs HF transformers' KimiLinearForCausalLM (fla kernels when
 installed), all with the same random weights at Kimi-Linear-48B-A3B layer widths.
 
-    PYTHONPATH=. python bench/kimi_e2e.py [--layers 4] [--batches 1,16,64] [--prefill 8192]
+    PYTHONPATH=. python bench/e2e/kimi_e2e.py [--layers 4] [--batches 1,16,64] [--prefill 8192]
 
 Checks correctness first, then prints a markdown table (and writes it, with JSON, to
 bench/results/kimi_e2e.*). The reference is HF's pure-PyTorch kimi_linear (fla masked) in fp32
@@ -182,7 +182,8 @@ def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
     same step run eagerly from the same state; None where the platform has no graphs."""
     import torch
 
-    from kernelgate.engine import SamplingParams, StepBatch
+    from kernelgate.engine import SamplingParams
+    from kernelgate.models.batch import StepBatch
     from kernelgate.tools.testing import rel_err
     engs = [_engine(model, batch, prompt + 8, async_scheduling=False) for _ in range(2)]   # outputs read each step
     if engs[0].runner.graphs is None:
@@ -254,7 +255,7 @@ def ours_prefill(model, tokens: int, reps: int = 3) -> float:
     """One unchunked prefill step of `tokens` tokens (model.step on a fresh cache)."""
     import torch
 
-    from kernelgate.engine import StepBatch
+    from kernelgate.models.batch import StepBatch
     bs = 64
     nb = -(-tokens // bs)
     cache = model.new_cache(1, nb, bs)

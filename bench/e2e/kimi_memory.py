@@ -2,9 +2,9 @@
 and the full 27-layer model (issue 14). Each part prints a table; cheap correctness checks run
 first (a part whose check fails prints why and measures nothing).
 
-    PYTHONPATH=. python bench/kimi_memory.py [--parts load,prefill,decode] [--load-layers 8]
-    PYTHONPATH=. python bench/kimi_memory.py --parts full          # 27 layers, ~98 GB of weights
-    PYTHONPATH=. python bench/kimi_memory.py --tiny --device cpu   # smoke run anywhere
+    PYTHONPATH=. python bench/e2e/kimi_memory.py [--parts load,prefill,decode] [--load-layers 8]
+    PYTHONPATH=. python bench/e2e/kimi_memory.py --parts full          # 27 layers, ~98 GB of weights
+    PYTHONPATH=. python bench/e2e/kimi_memory.py --tiny --device cpu   # smoke run anywhere
 
 Parts:
   load     write a real-width checkpoint of --load-layers layers (released layout, shards of
@@ -178,7 +178,7 @@ def _prompt(n, seed=0, vocab=1000):
 
 def _chunk_check(model, budget, device) -> float:
     """Last-token logits of a 2 x budget prompt: two chunked steps vs one step (rel err)."""
-    from kernelgate.engine import StepBatch
+    from kernelgate.models.batch import StepBatch
     from kernelgate.tools.testing import rel_err
     n, bs = 2 * budget, 64
     nb = -(-n // bs)
@@ -195,7 +195,8 @@ def _chunk_check(model, budget, device) -> float:
 
 def part_prefill(args, model, device):
     import kernelgate
-    from kernelgate.engine import Engine, Timing
+    from kernelgate.engine import Engine
+    from kernelgate.serving.drive import Timing
     sys.path.insert(0, str(Path(__file__).parent))
     from kimi_e2e import ours_prefill
     err = _chunk_check(model, args.budget, device)
@@ -240,7 +241,7 @@ def part_prefill(args, model, device):
 def part_decode(args, model, device):
     import kernelgate
     from kernelgate.tools.benchmark import copy_bandwidth
-    from kernelgate.engine import Timing
+    from kernelgate.serving.drive import Timing
     sys.path.insert(0, str(Path(__file__).parent))
     from kimi_e2e import decode_floor
     gbps = copy_bandwidth(device) if device.type == "cuda" else 100.0
@@ -272,7 +273,8 @@ def part_decode(args, model, device):
 
 def part_full(args, device):
     import kernelgate
-    from kernelgate.engine import Engine, Timing
+    from kernelgate.engine import Engine
+    from kernelgate.serving.drive import Timing
     from kernelgate.models import build
     cfg = _config(4 if args.tiny else 27, args.tiny)
     _reset_peak(device)

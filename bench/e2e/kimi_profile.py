@@ -1,12 +1,13 @@
 """Where a Kimi Linear step spends its time: synchronizing calls (with their source lines) and
 the top device kernels of one decode step (batch 1 and 64) and one 8k-token prefill, for
-kernelgate's kernel path and HF transformers on the same weights (bench/kimi_e2e.py's model).
+kernelgate's kernel path and HF transformers on the same weights (bench/e2e/kimi_e2e.py's model).
 
-    PYTHONPATH=. python bench/kimi_profile.py [--layers 4] [--batches 1,64] [--prefill 8192]
+    PYTHONPATH=. python bench/e2e/kimi_profile.py [--layers 4] [--batches 1,64] [--prefill 8192]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -15,7 +16,7 @@ import warnings
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, "bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kimi_e2e as e2e  # noqa: E402
 
 
@@ -115,7 +116,8 @@ def main():
                     help="also profile a mixed step: NEW prompts of LEN tokens joining RUNNING decodes (e.g. 32x128+32; "
                          "comma-separated for several)")
     a = ap.parse_args()
-    from kernelgate.engine import SamplingParams, StepBatch
+    from kernelgate.engine import SamplingParams
+    from kernelgate.models.batch import StepBatch
     dev, dtype = torch.device("cpu" if a.tiny else "cuda"), torch.bfloat16
     if a.tiny:   # no CUDA: the helpers below only need these to be no-ops
         torch.cuda.synchronize = lambda: None

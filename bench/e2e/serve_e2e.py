@@ -17,9 +17,9 @@ platform is fixed at import), builds the 4-layer real-width Kimi Linear (seeded,
 Prints one table with the issue's targets: c64 output tok/s >= 0.85 x offline; c1 TTFT p50
 <= 30 ms (128-token prompt); c1 ITL p50 <= 1.3 x the offline decode step at batch 1.
 
-    python bench/serve_e2e.py                            # cuda, native dispatch
-    python bench/serve_e2e.py --platform native,xpu      # + the XPU choices simulated on this GPU
-    python bench/serve_e2e.py --tiny --dtype float32 --concurrency 4 --input-len 8 --output-len 8 \\
+    python bench/e2e/serve_e2e.py                            # cuda, native dispatch
+    python bench/e2e/serve_e2e.py --platform native,xpu      # + the XPU choices simulated on this GPU
+    python bench/e2e/serve_e2e.py --tiny --dtype float32 --concurrency 4 --input-len 8 --output-len 8 \\
         --long-prompts 2 --long-len 200 --short-streams 2    # CPU smoke
 
 Needs (beyond torch): starlette, uvicorn, pydantic, prometheus_client, httpx -- no FastAPI,
@@ -27,7 +27,7 @@ no OpenTelemetry, no openai client. The H200 image has prometheus_client, httpx 
 h11, httpcore), click and uvloop; carry the rest as wheels in .whl/ (starlette, uvicorn,
 pydantic, pydantic_core cp312, annotated_types, typing_inspection, typing_extensions >= 4.14:
 pydantic_core imports typing_extensions.Sentinel). gpu_suite.sh installs .whl/ first:
-    bash bench/gpu_suite.sh 'py:bench/serve_e2e.py --platform native,xpu@590'    (carry .whl)
+    bash bench/gpu_suite.sh 'py:bench/e2e/serve_e2e.py --platform native,xpu@590'    (carry .whl)
 (one device command runs at most 600 s: if both platforms do not fit, one call each.)
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # the repo root
 
 
 def args_parser() -> argparse.ArgumentParser:
@@ -88,7 +88,7 @@ class Served:
     def __init__(self, engine, max_len: int):
         import uvicorn
 
-        from kernelgate.engine.async_engine import AsyncEngine
+        from kernelgate.serving.async_engine import AsyncEngine
         from kernelgate.server.app import create_app
         from kernelgate.server.jobs import ModelInfo
         from kernelgate.server.metrics import Metrics
@@ -197,10 +197,10 @@ def measure(a) -> dict:
     import kernelgate
     from kernelgate import registry
     from kernelgate.cli import bench_serve
-    from kernelgate.engine.engine import Engine
-    from kernelgate.engine.generate import Timing
+    from kernelgate.engine import Engine
     from kernelgate.models import build, real_width, tiny
     from kernelgate.platform import default_device
+    from kernelgate.serving.drive import Timing
     registry.refresh()
     dev = default_device()
     model = build(tiny() if a.tiny else real_width(a.layers), device=dev, dtype=getattr(torch, a.dtype), seed=0)
@@ -262,7 +262,7 @@ def measure(a) -> dict:
             args = bench_serve.parser(argparse.ArgumentParser).parse_args([
                 "--base-url", srv.base, "--num-prompts", str(num), "--max-concurrency", str(conc),
                 "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", "0"])
-            return asyncio.run(bench_serve._bench(args))
+            return bench_serve._bench(args)
         say(f"server up, greedy check {res['greedy_same']}")
         bench(min(8, N), min(8, N))                              # warm-up of the HTTP path
         rN, r1 = bench(N, 2 * N), bench(1, 16)

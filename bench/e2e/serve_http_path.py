@@ -1,13 +1,13 @@
 """The serving path without a model: how many streamed tokens per second the HTTP server and
 `kernelgate bench serve` carry, and which process runs out of CPU first.
 
-A stand-in engine (tests/server/fake_engine.py, in an engine process as under `kernelgate serve`)
+A stand-in engine (tests/helpers/fake_engine.py, in an engine process as under `kernelgate serve`)
 gives every running request one token per step and sleeps --step-ms per step, like a GPU step
 with nothing to compute. The real app (kernelgate.server) runs on uvicorn in a child process;
 `kernelgate bench serve` loads it at --concurrency. Printed: output tok/s against the stand-in's
 ceiling (concurrency / step), and the CPU share each process used during the run.
 
-    PYTHONPATH=. python bench/serve_http_path.py --concurrency 64 --step-ms 3.7
+    PYTHONPATH=. python bench/e2e/serve_http_path.py --concurrency 64 --step-ms 3.7
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import sys
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
 
 
 def cpu_s(pid: int) -> float:
@@ -44,12 +44,12 @@ def server_main(port: int, slots: int, step_ms: float) -> None:
     import uvicorn
 
     import fake_engine
-    from kernelgate.engine.async_engine import AsyncEngine
-    from kernelgate.engine.core_process import EngineProcess
+    from kernelgate.serving.async_engine import AsyncEngine
+    from kernelgate.serving.core_process import EngineProcess
     from kernelgate.server.app import create_app
     from kernelgate.server.jobs import ModelInfo
     from kernelgate.server.metrics import Metrics
-    from kernelgate.tokenizer import ByteTokenizer
+    from kernelgate.text.byte_tokenizer import ByteTokenizer
     tok = ByteTokenizer()
     core = EngineProcess(fake_engine.build, None, {"vocab": tok.vocab_size, "slots": slots,
                                                    "step_s": step_ms / 1e3}).spawn()

@@ -2,12 +2,12 @@
 c1 figures as a user would measure them), vs offline `kernelgate.generate()` on the same
 checkpoint in this process afterwards.
 
-    PYTHONPATH=. python bench/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
+    PYTHONPATH=. python bench/e2e/serve_separate.py --model /tmp/kernelgate-ckpt/kimi-4l
     ... --repeat 3                      # three c64 / c1 runs per server, medians
     ... --platform xpu                  # dispatch as on an Intel GPU (simulated: Triton everywhere)
     ... --engine process thread   # one server run each: the engine in its own process (default) / on a thread
     ... --delay-factors 0,0.5           # one server run each, with --scheduler-delay-factor F
-    ... --variants none,admission-window-ms=10   # one server run each, with those flags
+    ... --variants none,max-num-batched-tokens=2048   # one server run each, with those flags
     ... --trace                         # the server at log level debug: each c64 run's timeline
                                         # (arrivals, steps, idle), and the offline run profiled
 
@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # the repo root
 
 
 def free_port() -> int:
@@ -54,7 +54,7 @@ def main():
                     help="comma list; one server run per value, with --scheduler-delay-factor F")
     ap.add_argument("--variants", default="none",
                     help="comma list; one server run per value: 'none' or `kernelgate serve` flags without their "
-                         "dashes, '+'-joined (admission-window-ms=10+scheduler-delay-factor=0.5)")
+                         "dashes, '+'-joined (max-num-batched-tokens=2048+scheduler-delay-factor=0.5)")
     ap.add_argument("--no-offline", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="c64 and c1 runs per server (medians reported)")
     ap.add_argument("--trace", action="store_true", help="timeline of each c64 run from the server's debug log; "
@@ -220,8 +220,8 @@ def offline(a) -> tuple[float, float]:
     import random
 
     import kernelgate
-    from kernelgate.engine.engine import Engine
-    from kernelgate.engine.generate import Timing
+    from kernelgate.engine import Engine
+    from kernelgate.serving.drive import Timing
     if a.model:
         model = kernelgate.load_model(a.model)
     else:

@@ -1,7 +1,7 @@
 """Tensor / expert parallel end to end: TP=1 vs TP=2 (expert parallel on), through kernelgate.generate.
 
-    PYTHONPATH=. python bench/tp_e2e.py [--layers 4] [--ckpt /tmp/kg-tp-ckpt] [--profile]
-    KERNELGATE_GRAPHS=0 PYTHONPATH=. python bench/tp_e2e.py ...     # the same, decoding eagerly
+    PYTHONPATH=. python bench/e2e/tp_e2e.py [--layers 4] [--ckpt /tmp/kg-tp-ckpt] [--profile]
+    KERNELGATE_GRAPHS=0 PYTHONPATH=. python bench/e2e/tp_e2e.py ...     # the same, decoding eagerly
 
 Needs two devices (nvidia-h200-x2: NCCL, NVLink multicast off: NCCL_NVLS_ENABLE=0 is set for
 every process). Writes a random bf16 checkpoint at Kimi-Linear-48B-A3B widths once, then runs
@@ -67,7 +67,7 @@ def child(args) -> None:
     import torch
 
     import kernelgate
-    from kernelgate.engine import Timing
+    from kernelgate.serving.drive import Timing
     tp = args.tp
     if tp == 1:
         model = kernelgate.load_model(args.ckpt, dtype=torch.bfloat16)

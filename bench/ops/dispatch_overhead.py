@@ -1,6 +1,6 @@
 """Dispatch overhead: a registry call vs a direct call of the implementation it picked.
 
-    PYTHONPATH=. python bench/dispatch_overhead.py [--loops 2000] [--repeats 30]
+    PYTHONPATH=. python bench/ops/dispatch_overhead.py [--loops 2000] [--repeats 30]
 
 Rows (µs per call, median of `repeats` timed loops of `loops` calls each):
 - gated_rms_norm on a tiny input through `kernelgate.ops` vs the chosen implementation called

@@ -3,7 +3,7 @@ correctness of every implementation against the native reference first, then a t
 time, fraction of the weight-bandwidth floor (bytes of the distinct experts hit, read once,
 over measured copy bandwidth) and speedup over native.
 
-    PYTHONPATH=. python bench/fused_experts.py [--T 1 64 512] [--json out.json]
+    PYTHONPATH=. python bench/ops/fused_experts.py [--T 1 64 512] [--json out.json]
 
 Targets (issue 6, H200): >= 0.6 of the floor at T=64, >= 5x native at every T.
 """
@@ -22,7 +22,8 @@ def main() -> int:
 
     import torch
 
-    from kernelgate.tools import benchmark, platform, registry
+    from kernelgate import platform, registry
+    from kernelgate.tools import benchmark
     from kernelgate.ops.moe.fused_experts import _bytes, make_inputs
     from kernelgate.tools.testing import rel_err
 

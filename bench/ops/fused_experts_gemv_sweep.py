@@ -1,6 +1,6 @@
 """Launch-table sweep of the decode GEMV experts (kernelgate/ops/moe/fused_experts_gemv_triton.py).
 
-    PYTHONPATH=. python bench/fused_experts_gemv_sweep.py
+    PYTHONPATH=. python bench/ops/fused_experts_gemv_sweep.py
 
 Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16 (--shared: the model's
 call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at T = 1, 4, 8):
@@ -14,9 +14,10 @@ import itertools
 
 import torch
 
-from kernelgate.tools import benchmark, platform
+from kernelgate import platform
 from kernelgate.ops.moe import fused_experts as fe
 from kernelgate.ops.moe import fused_experts_gemv_triton as gv
+from kernelgate.tools import benchmark
 from kernelgate.tools.testing import rel_err
 
 
@@ -33,30 +34,37 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", action="store_true")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return 1
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
-    default = dict(gv.LAUNCH.get(platform.current().name, gv.LAUNCH["default"]))
-    for T in ((1, 4, 8) if a.shared else (1, 4, 16)):
-        gen = torch.Generator(device=dev).manual_seed(0)
-        args, kw = fe.make_inputs(T, 2304, 1024, 256, 8, torch.bfloat16, dev, gen)
-        if a.shared:
-            args = with_shared(args)
-        floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
-        ref = fe.fused_experts_native(*args, **kw)
-        for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32), (256, 512), (4, 8)):
-            if bi * bk > 16384 or bo * bk > 16384:
-                continue
-            gv.LAUNCH[platform.current().name] = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
-            out = gv.fused_experts_gemv(*args, **kw)
-            err = rel_err(out, ref)
-            if err > 2e-2:
-                print(f"| {T} | {bi} | {bo} | {bk} | {w} | wrong: {err:.1e} | |")
-                continue
-            us = benchmark.graph_us(lambda: gv.fused_experts_gemv(*args, **kw), dev)
-            star = " *" if dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w) == default else ""
-            print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
-    gv.LAUNCH[platform.current().name] = default
+    dispatched = gv.launch_config
+    try:
+        for T in ((1, 4, 8) if a.shared else (1, 4, 16)):
+            gen = torch.Generator(device=dev).manual_seed(0)
+            args, kw = fe.make_inputs(T, 2304, 1024, 256, 8, torch.bfloat16, dev, gen)
+            if a.shared:
+                args = with_shared(args)
+            floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
+            ref = fe.fused_experts_native(*args, **kw)
+            default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
+            for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32), (256, 512), (4, 8)):
+                if bi * bk > 16384 or bo * bk > 16384:
+                    continue
+                trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
+                gv.launch_config = lambda plat, tokens=2, trial=trial: trial  # noqa: E731
+                out = gv.fused_experts_gemv(*args, **kw)
+                err = rel_err(out, ref)
+                if err > 2e-2:
+                    print(f"| {T} | {bi} | {bo} | {bk} | {w} | wrong: {err:.1e} | |")
+                    continue
+                us = benchmark.graph_us(lambda: gv.fused_experts_gemv(*args, **kw), dev)
+                star = " *" if trial == default else ""
+                print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
+    finally:
+        gv.launch_config = dispatched
     return 0
 
 

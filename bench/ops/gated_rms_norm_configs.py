@@ -1,6 +1,6 @@
 """Launch-config sweep for the Triton gated RMSNorm at the issue's H200 shapes.
 
-    PYTHONPATH=. python bench/gated_rms_norm_configs.py            # needs a CUDA/ROCm/XPU device
+    PYTHONPATH=. python bench/ops/gated_rms_norm_configs.py            # needs a CUDA/ROCm/XPU device
 
 For bf16 1M x 128 and 65536 x 4096 (x, gate, weight -> y): checks the heuristic config
 against the native reference, then times it, a sweep of (rows per program, num_warps), and
@@ -10,6 +10,7 @@ kernelgate/ops/norm/gated_rms_norm_triton.py accordingly.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -18,6 +19,7 @@ SHAPES = ((1 << 20, 128), (65536, 4096))
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     if not torch.accelerator.is_available():
         print("no accelerator here: this sweep times GPU kernels; nothing to do")
         return 0

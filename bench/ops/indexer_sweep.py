@@ -1,16 +1,17 @@
 """Sweep the indexer q kernels on CUDA: fused_q_indexer_rope_hadamard_quant by the token-major
 kernel (triton_tok: tokens per program, warps, register cap), the portable row-major kernel
-(triton), and the sweep-only split-tree form (bench/variants/indexer_q_tree.py), on the op's
+(triton), and the sweep-only split-tree form (bench/ops/variants/indexer_q_tree.py), on the op's
 bench cases. (What else was tried and dropped: bench/RESULTS.md, "indexer forms moved out of the
 package".)
 
 Each variant is first checked against the native reference (the parity compare: fp8 codes
 within one code on <= 1/64 of them, weights_out rtol 1e-5),
 then timed by CUDA-graph replay. `floor` = byte-floor time (the case's byte count at measured
-copy bandwidth) / kernel time. Run: PYTHONPATH=. python bench/indexer_sweep.py
+copy bandwidth) / kernel time. Run: PYTHONPATH=. python bench/ops/indexer_sweep.py
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -39,7 +40,7 @@ Q_VARIANTS = {   # variant -> [(name, kernel module, launch overrides)], dispatc
     # 72 spills (37.0); tok2 w8 39.5. Split tree p4 tok1 w2 freq2 51.0 (L2-bound on half-sector stores).
     "v4": [("triton_tok (launch table)", tok, {}), _tok(1, 4, maxnreg=88), _tok(1, 4, maxnreg=None),
            _tok(2, 8), ("triton rows (portable, autotuned)", rows, {}),
-           ("tree p4 tok1 w2 freq2 (bench/variants)", tree,
+           ("tree p4 tok1 w2 freq2 (bench/ops/variants)", tree,
             dict(pieces=4, tok=1, num_warps=2, freq=2, hw_encode=True, fast_div=True))],
     # v3.2 (no Hadamard): tok1 w4 29.3-29.5 us; maxnreg 64 44.4
     "v32": [("triton_tok (launch table)", tok, {}), _tok(1, 4, maxnreg=72), _tok(1, 2),
@@ -86,6 +87,7 @@ def compiled_regs(kernel):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     plat = platform.current()
     got = start(f"q launch tables: tok v4 {tok.launch_config(plat, 'v4')}, v3.2 {tok.launch_config(plat, 'v32')}; "
                 f"rows {rows.launch_config(plat)}")

@@ -1,4 +1,4 @@
-"""KDA decode / prefill benchmark (issue 4). `PYTHONPATH=. python bench/kda_decode.py [--cpu]`
+"""KDA decode / prefill benchmark (issue 4). `PYTHONPATH=. python bench/ops/kda_decode.py [--cpu]`
 
 CUDA: checks correctness first, then times at H=32, K=V=128, fp32 state, bf16 activations:
   decode, N = 1, 32, 256:

@@ -10,10 +10,11 @@ timing rows, a few variants (PARITY_TOO) are checked on the op's small parity ca
 one-token context is where Hopper's fp8 MMA missed by 4e-3). Times are CUDA-graph replays;
 `of floor` = byte-floor time (the case's byte count at measured copy bandwidth) / kernel time;
 `vs native` = native time / kernel time.
-Run: PYTHONPATH=. python bench/logits_sweep.py
+Run: PYTHONPATH=. python bench/ops/logits_sweep.py
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -98,6 +99,7 @@ def sweep(dev, bw):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import kernelgate.ops.indexer.fp8_paged_mqa_logits_triton as kl
     from kernelgate import platform
     got = start(f"logits launch table (triton_kq) {kl.launch_config_kq(platform.current())}")

@@ -1,4 +1,4 @@
-"""MLA decode over the paged latent cache (issue 15). `PYTHONPATH=. python bench/mla_decode.py`
+"""MLA decode over the paged latent cache (issue 15). `PYTHONPATH=. python bench/ops/mla_decode.py`
 
 GPU only. First checks every implementation against the native reference (odd lengths,
 next_n 1 and 2, B=1 at 32k), then times `mla_decode` through the registry at Kimi shapes
@@ -269,7 +269,8 @@ if __name__ == "__main__":
         aot()
         aot(next_n=2)
         raise SystemExit(0)
-    assert torch.cuda.is_available(), "bench/mla_decode.py times GPU kernels (the CPU runs the parity tests)"
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/ops/mla_decode.py times GPU kernels (the CPU runs the parity tests; --aot needs no GPU)")
     dev = torch.device("cuda")
     print(f"copy bandwidth {copy_bandwidth(dev):.0f} GB/s (floor uses {FLOOR_GBS:.0f})")
     check(dev)

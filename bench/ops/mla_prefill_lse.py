@@ -3,9 +3,11 @@ context pieces: each kernel on the pieces of an 8,192-token chunk (Kimi MLA: H 3
 192, v width 128, bf16), checked against fp32 math on a slice of the queries, then the whole
 op at 32k / 128k of context with each kernel forced.
 
-    PYTHONPATH=. python3 bench/mla_prefill_lse.py
+    PYTHONPATH=. python3 bench/ops/mla_prefill_lse.py
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -87,8 +89,16 @@ def whole_op(dev):
                 S.FORCE_LSE = None
 
 
-if __name__ == "__main__":
-    assert torch.cuda.is_available(), "bench/mla_prefill_lse.py times GPU kernels"
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device: this times GPU kernels")
+        return 1
     dev = torch.device("cuda")
     pieces(dev)
     whole_op(dev)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,7 +7,7 @@ presence also shows there is no host sync), `us` is kernelgate.tools.benchmark.t
 Rows per chunk size (`chunk`, pairs per program; * marks the default) show where the
 one-chunk (2 launches) and multi-chunk (3 launches) paths win.
 
-    PYTHONPATH=. python bench/moe_align.py [--P 8 512 65536] [--E 256] [--no-sweep]
+    PYTHONPATH=. python bench/ops/moe_align.py [--P 8 512 65536] [--E 256] [--no-sweep]
 
 Targets (issue A2, H200): P=512 a few us, P=65536 well under 100 us (was 48 us / 5.3 ms).
 """

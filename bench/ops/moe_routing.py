@@ -5,7 +5,7 @@ reference first, then prints per-call time of native eager, torch.compile(native
 kernel with its heuristic launch config, sgl_kernel if importable, and a sweep of Triton
 launch configs (BLOCK_T x num_warps) so the heuristic can be checked.
 
-    PYTHONPATH=. python bench/moe_routing.py [--T 1 64 4096] [--no-sweep] [--json out.json]
+    PYTHONPATH=. python bench/ops/moe_routing.py [--T 1 64 4096] [--no-sweep] [--json out.json]
 
 Two timings: `us` is kernelgate.tools.benchmark.time_ms (events around each call, launch included);
 `graph_us` replays the call inside a CUDA graph (device time without Python/launch cost).

@@ -1,12 +1,13 @@
 """Launch each indexer kernel variant of interest a few times, for a hardware-counter profile:
     ncu --clock-control none --section SpeedOfLight ... -k regex:'indexer|logits' \
-        python bench/ncu_indexer.py
-(ncu's clock control off, as bench/METHOD says: the clocks stay as the timings saw them.)
+        python bench/ops/ncu_indexer.py
+(ncu's clock control off: the clocks stay as the timings saw them.) Arguments: only these
+variants (names from Q and LOGITS below).
 Every variant is checked against the reference once (the parity compare) before it is profiled.
 """
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -59,4 +60,9 @@ def main(names):
 
 
 if __name__ == "__main__":
-    main(set(sys.argv[1:]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"variants: {', '.join([*Q, *LOGITS])} (default: all)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
+    main(set(a.names))

@@ -1,4 +1,4 @@
-"""Shared by the kernel-variant sweeps (bench/indexer_sweep.py, bench/logits_sweep.py): one
+"""Shared by the kernel-variant sweeps (bench/ops/indexer_sweep.py, bench/ops/logits_sweep.py): one
 markdown row per variant -- checked against the reference first, then timed on the device."""
 from __future__ import annotations
 

@@ -1,10 +1,15 @@
-"""kda_prefill through fla (the model's prefill path, fla building its chunk list on the device:
+"""Fed: RESULTS.md, 'Session 10 (2026-12-01) ... Eager (prefill / mixed) steps of a warmed engine'
+(fla's chunk list built on the device, checked at the model's shapes).
+
+kda_prefill through fla (the model's prefill path, fla building its chunk list on the device:
 use_graph) against the native reference at the model's head shapes (H 32, K = V 128, bf16):
 varlen batches with zero-length and skipped sequences, host hints, a server-like mixed batch.
 
-    PYTHONPATH=. python bench/kda_fla_check.py
+    PYTHONPATH=. python bench/probes/kda_fla_check.py
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -16,6 +21,10 @@ OP = registry.get("kda_prefill")
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return 1
     dev = torch.device("cuda")
     fla, native = OP.impl("fla").callable(), OP.impl("native").callable()
     bad = 0

@@ -1,9 +1,11 @@
-"""Where mla_decode's time goes on a GPU (issue 15): the bandwidth the cache's access pattern
+"""Fed: RESULTS.md, 'Session 14 (2026-12-02) ... Where the time went'.
+
+Where mla_decode's time goes on a GPU (issue 15): the bandwidth the cache's access pattern
 allows, without the attention math, and a hardware-counter profile of the real kernel.
 
-    PYTHONPATH=. python bench/mla_decode_probe.py [--ncu]
+    PYTHONPATH=. python bench/probes/mla_decode_probe.py [--ncu]
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section WarpStateStats -k regex:_partial --launch-count 1 python bench/mla_decode_probe.py --ncu
+        --section WarpStateStats -k regex:_partial --launch-count 1 python bench/probes/mla_decode_probe.py --ncu
 
 Prints GB/s for (at B64 32k / B1 128k / B1 32k, H=32, R=512, Dr=64, bf16, blocks of 64 in a shuffled
 table): torch's sum over the cache (a plain streaming read), a TMA kernel that walks the
@@ -12,7 +14,7 @@ table exactly as `_partial_tma_kernel` does and only sums the tiles, and mla_dec
 """
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 import triton
@@ -57,8 +59,12 @@ def read_tma(cache, table, ctx, bn, programs, stages):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ncu", action="store_true", help="launch the kernels for a hardware-counter profile, nothing timed")
+    ncu = ap.parse_args().ncu
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
     dev = torch.device("cuda")
-    ncu = "--ncu" in sys.argv
     for B, ctx in ((64, 32768), (1, 131072), (1, 32768)):
         q, cache, table, seq = bench_inputs(B, ctx, dev, torch.bfloat16, H, R, DR, BS)
         nbytes = B * ctx * (R + DR) * 2

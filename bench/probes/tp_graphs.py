@@ -1,6 +1,9 @@
-"""Tensor parallel decode through captured graphs: a smoke check on two GPUs (a minute).
+"""Fed: RESULTS.md, 'Session 5 (2026-11-30) ... Tensor parallel, 4 layers, bf16' -- the follow-up to its
+"TP decodes eagerly (collectives not captured yet)" (this probe's own results were not recorded there).
 
-    PYTHONPATH=. python bench/tp_graphs.py [--tp 2] [--layers 0]
+Tensor parallel decode through captured graphs: a smoke check on two GPUs (a minute).
+
+    PYTHONPATH=. python bench/probes/tp_graphs.py [--tp 2] [--layers 0]
 
 The built-in tiny model (--layers 0; or N layers at Kimi-Linear widths) in fp32: greedy tokens
 at TP=N (expert parallel on, then off) must equal the single-process model's, every rank must
@@ -18,13 +21,14 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--layers", type=int, default=0)
     args = ap.parse_args()
     import torch
 
     import kernelgate
+    from kernelgate.executor.parallel import parallelize
     from kernelgate.models import build, real_width, tiny
     cfg = tiny() if args.layers == 0 else real_width(args.layers)
     dtype = torch.float32 if args.layers == 0 else torch.bfloat16
@@ -35,7 +39,7 @@ def main() -> None:
     want = [r.token_ids for r in kernelgate.generate(model, prompts, **kw)]
     for ep in (True, False):
         t0 = time.time()
-        pm = kernelgate.distributed.parallelize(model, args.tp, ep)
+        pm = parallelize(model, args.tp, ep)
         got = [r.token_ids for r in kernelgate.generate(pm, prompts, **kw)]
         stats = pm.rank_stats()                   # the graphs of the engine just run
         eager = [r.token_ids for r in kernelgate.generate(pm, prompts, graphs=False, **kw)]

@@ -1,9 +1,9 @@
-"""Sweep-only variant (bench/variants, not dispatched): indexer query prep, "split tree" form.
+"""Sweep-only variant (bench/ops/variants, not dispatched): indexer query prep, "split tree" form.
 
 The op fused_q_indexer_rope_hadamard_quant with no permutes and no MMA, one row per thread.
 Measured on the H200 (T4096 x H64 v4): 51.0 us at 4 pieces, 0.48 of the byte floor; ncu showed it
 L2-bound on half-sector code stores (16 of a row's 128 bytes per thread and instruction), which the
-package's token-major "lanes" kernel (32.5 us) avoids. Kept runnable for bench/indexer_sweep.py.
+package's token-major "lanes" kernel (32.5 us) avoids. Kept runnable for bench/ops/indexer_sweep.py.
 
 Same arithmetic as kernelgate/ops/indexer/indexer_q_triton.py (fp32 throughout, the same _quant / fp8 encoders); what
 changes is how the 128-point Walsh-Hadamard transform is laid out, so that no value has to move
@@ -35,7 +35,7 @@ import triton.language as tl
 from kernelgate import alloc
 from kernelgate.checks import require
 from kernelgate.ops.common import fp8 as _fp8
-from kernelgate.ops.indexer.indexer_q_triton import OP, _quant, _rope_pair, check_args
+from kernelgate.ops.indexer.indexer_q_triton import OP, _quant, _rope_pair, dense_freqs
 
 PIECES = (8, 4, 2)
 
@@ -412,7 +412,8 @@ def _indexer_q_tree_kernel(q_ptr, w_ptr, f_ptr, pos_ptr, qo_ptr, wo_ptr,
 def launch(q, weight, weight_scale, freqs_cis, positions, variant="v4", fp8_format="e4m3fn", hadamard=None,
            tok=1, pieces=8, heads=128, freq=0, num_warps=4, hw_encode=False, fast_div=False):
     """The op by the split-tree kernel (hw_encode: the e4m3fn hardware cast, NVIDIA sm_89+ only)."""
-    check_args(q, freqs_cis)
+    require(q.stride(-1) == 1, OP, f"tree form: q must be contiguous in the head dim, got strides {q.stride()}")
+    freqs_cis = dense_freqs(freqs_cis)
     B, H, D = q.shape
     dtype, fmax = _fp8.FORMATS[fp8_format]
     q_fp8 = alloc.empty((B, H, D), dtype, q.device)

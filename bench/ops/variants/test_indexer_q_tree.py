@@ -1,11 +1,11 @@
-"""The sweep-only split-tree form of the indexer q kernel (bench/variants/indexer_q_tree.py) against the op's native reference with the op's own parity compare, and its 128-point Hadamard
+"""The sweep-only split-tree form of the indexer q kernel (bench/ops/variants/indexer_q_tree.py) against the op's native reference with the op's own parity compare, and its 128-point Hadamard
 against hand-built one-hot cases (the Sylvester column, known exactly) for every piece width
 (8 pieces of 16, 4 of 32, 2 of 64).
 
 Runs on CPU under TRITON_INTERPRET=1 (portable arithmetic: the integer fp8 encoder), so the index
 arithmetic of every piece layout, cos/sin source (FREQ) and head mask is checked here; the GPU-only
-hardware cvt is checked by bench/indexer_sweep.py before timing. Not part of CI (tests/ only):
-    TRITON_INTERPRET=1 python -m pytest -q bench/variants/test_indexer_q_tree.py"""
+hardware cvt is checked by bench/ops/indexer_sweep.py before timing. Not part of CI (tests/ only):
+    TRITON_INTERPRET=1 python -m pytest -q bench/ops/variants/test_indexer_q_tree.py"""
 import math
 import os
 import sys
