@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: correctness on the GPU first, then benchmarks; everything is logged and
 # packed into $OUT/results.tgz (+ $OUT/summary.md). Run from the repo root on the GPU machine.
-#   bash bench/gpu_suite.sh parity bench:gated_rms_norm bench:fused_experts:nocompile 'py:bench/kda_decode.py'
+#   bash bench/gpu_suite.sh parity bench:gated_rms_norm bench:fused_experts:nocompile 'py:bench/ops/kda_decode.py'
 set -uo pipefail
 DEST=${OUT:-bench/results}
 RES=$(mktemp -d)

@@ -142,7 +142,7 @@ def test_engine_loop_reports_each_step_and_logs_slow_ones(model, monkeypatch, ca
 
 def test_engine_loop_timeline_at_debug(model, caplog):
     """At log level DEBUG the loop logs every step: its start, the requests added before it,
-    its kind, tokens, sequences and duration (bench/serve_separate.py --trace reads them)."""
+    its kind, tokens, sequences and duration (bench/e2e/serve_separate.py --trace reads them)."""
     import re
 
     from kernelgate.serving import core_loop

@@ -57,7 +57,7 @@ class FakeEngine:
             self.running[rid] = st
         self.steps += 1
         if self.step_s:
-            time.sleep(self.step_s)   # a device step with nothing to compute (bench/serve_http_path.py)
+            time.sleep(self.step_s)   # a device step with nothing to compute (bench/e2e/serve_http_path.py)
         if self.poison is not None and any(self.poison in st[0] for st in self.running.values()):
             raise RuntimeError("poisoned batch")
         if self.die is not None and any(self.die in st[0] for st in self.running.values()):

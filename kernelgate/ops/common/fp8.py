@@ -33,8 +33,8 @@ def quantize_rows(x: torch.Tensor, fp8_format: str) -> tuple[torch.Tensor, torch
     dtype, fmax = FORMATS[fp8_format]
     amax = x.abs().amax(-1, keepdim=True).clamp(min=AMAX_FLOOR)
     # Divide by a tensor, not a Python float: CUDA divides by a scalar through its
-    # reciprocal, one ulp off the IEEE quotient (seen on the H200 as scale bytes differing
-    # from the kernels, which divide correctly rounded).
+    # reciprocal, one ulp off the IEEE quotient, and the scale bytes would then differ from
+    # the kernels', which divide correctly rounded.
     scale = amax / torch.full_like(amax, fmax)
     return (x / scale).clamp(-fmax, fmax).to(dtype), scale
 

@@ -42,8 +42,9 @@ from .k_cache import TOKEN_BYTES, cache_blocks
 OP_LOGITS = "fp8_paged_mqa_logits"
 OPERANDS = {"fp8": 0, "f16": 2, "f16bits": 3}
 KEYS = {"plain": 0, "ahead": 1, "tma": 2}
-# maxnreg by padded next_n (keys x q^T on NVIDIA): at next_n 1 the kernel takes 114 registers (4
-# programs per SM); capped at 96, 5 fit (H200: 51.3 -> 47.5 us at B32 ctx32k). At next_n 2 any cap spills.
+# maxnreg by padded next_n (keys x q^T on NVIDIA): uncapped, four programs of the next_n 1 kernel fit
+# an SM; capped at 96 registers, five fit and the fifth hides more of the key loads' latency. At
+# next_n 2 any cap spills: no cap.
 MAXNREG = {1: 96}
 
 

@@ -159,9 +159,10 @@ def bench_cases():
 fused_q_indexer_rope_hadamard_quant = declare(
     OP, indexer_q_native, validate=validate, check_values=check_values, cases=cases, bench_cases=bench_cases, compare=compare)
 
-# Two kernels: the token-major one with the Hadamard on two lanes (the NVIDIA winner, 0.75 of the
-# byte floor on the H200 for v4) and the row-major portable one (bf16x3 MMA Hadamard), which every
-# Triton backend runs. Launch choices per platform: each kernel file's launch_config().
+# Two kernels: the token-major one with the Hadamard on two lanes (the faster on NVIDIA: its layout
+# stores whole 32-byte sectors of codes, and H16 in a thread x H2 across two lanes needs no MMA) and
+# the row-major portable one (bf16x3 MMA Hadamard), which every Triton backend runs. Launch choices
+# per platform: each kernel file's launch_config().
 fused_q_indexer_rope_hadamard_quant.implementation(
     "triton_tok", ".indexer_q_tok_triton:indexer_q_tok_triton", provider="triton", platforms=("cuda",),
     requires=("triton",), priority=20,

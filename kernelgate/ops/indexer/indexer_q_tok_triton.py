@@ -27,7 +27,9 @@ from ..common import fp8 as _fp8
 from .indexer_q_triton import _quant, _rope_pair, dense_freqs
 
 NORM = tl.constexpr(0.08838834764831845)  # 1/sqrt(128)
-MAXNREG_V4 = 80   # registers per thread for v4 on NVIDIA: 6 programs per SM on the H200 (96: 5)
+# registers per thread for v4 on NVIDIA: at 80, six programs of 4 warps share an SM's 64K registers
+# (at 96, five); the sixth hides more of the memory latency, and 80 does not spill
+MAXNREG_V4 = 80
 
 
 def launch_config(plat: platform.Platform, variant: str = "v4", fp8_format: str = "e4m3fn") -> dict:

@@ -51,23 +51,21 @@ OP = "mla_decode"
 # programs // sequences); min_split: no split gets fewer than this many positions of the table's
 # capacity (each split writes M x R fp32 partials: 64 KiB for Kimi). keys: "tma" takes
 # _partial_tma_kernel where the cache allows (tma_route), else _partial_kernel ("ptr").
-# Unmeasured starting points: bench/mla_decode.py --sweep times the alternatives on a GPU.
+# The entries other than sm_90's are starting points: `bench/ops/mla_decode.py --sweep` times the
+# alternatives on a GPU.
 CONFIGS = [
-    # H100/H200: 64-token tiles by TMA, kv-major: scores (M = 64 tokens) and the p kv product
+    # sm_90: 64-token tiles by TMA, kv-major: scores (M = 64 tokens) and the p kv product
     # (M = 256 latent columns) both on wgmma from shared memory, 4 warps, 2 stages of 72 KB + q:
-    # one program per SM (247 registers, 184 KB shared: Triton 3.6, `bench/mla_decode.py --aot`).
-    # H200, 2026-12-02 (bench/mla_decode.py --sweep, CUDA graph): see bench/RESULTS.md, session 14.
-    # With one tile in flight behind the one computed, the TMA stream of one program per SM reads
-    # ~2.9 TB/s (bench/mla_decode_probe.py); 16-token tiles (two programs per SM) were limited by
-    # each tile's chain of mma.sync scores and softmax instead. 1 stage (two programs per SM)
-    # computed wrong results under Triton 3.6. Session 15: L2 is asked for the next tile (one request
-    # per tile, at the top of the iteration: earlier than the pipeline's own TMA load of it) and the
-    # merge is launched as a programmatic dependent. Against neither: B8 32k / B64 32k / B1 128k /
-    # B8 128k / B64 128k 12 / 17 / 9 / 16 / 16 % faster, B1 32k 4 % slower; 2 ahead up to 9 % slower than 1,
-    # 3 or more slower still (up to 25 %: the tiles in flight outgrow what L2 keeps).
+    # one program per SM (its registers and shared memory leave no room for a second). Smaller
+    # tiles, two programs per SM, are bound by each tile's serial chain (mma.sync scores, softmax)
+    # rather than by the stream of tiles. Not 1 stage: under Triton 3.6 it computes wrong results.
+    # prefetch 1 (prefetch_block): L2 is asked for the next tile, one request per tile, at the top of
+    # the iteration -- earlier than the pipeline's own TMA load of it; further ahead, the tiles in
+    # flight outgrow what L2 keeps. pdl: the merge is launched as a programmatic dependent, so it
+    # starts while the partials finish.
     # min_split 64: a short context still spreads over the GPU. ptr: the tile of the pointer kernel,
-    # for caches the TMA kernel does not take (fp32 latents, unaligned strides): sm_80's. An fp32
-    # kv-major 64-token tile is twice the FMA code (IEEE fp32 dots), and ptxas took 112 s over it.
+    # for caches the TMA kernel does not take (fp32 latents, unaligned strides): sm_80's, because an
+    # fp32 kv-major 64-token tile is twice the FMA code (IEEE fp32 dots) and slow to compile.
     (("cuda", "sm_9"), dict(block_n=64, num_warps=4, num_stages=2, programs=132, min_split=64,
                             kv_major=True, keys="tma", prefetch=1, prefetch_block=True, pdl=True,
                             ptr=dict(block_n=32, kv_major=False))),
@@ -81,10 +79,10 @@ CONFIGS = [
 # None: the largest blocks giving about merge_programs programs), reading merge_sb splits per step
 # (None: merge_step's choice).
 MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
-# Loop shape defaults (see _partial_kernel). The pointer kernel at Kimi shapes on sm_90 (Triton
-# 3.9, --aot): heads-major 32 x 8 warps x 2 stages takes 239 registers, no spills, cp.async tiles,
-# mma.sync; kv-major puts the p kv product on wgmma (252 registers). With ahead=True Triton did
-# not pipeline the loop (no cp.async), so it is off by default.
+# Loop shape defaults (see _partial_kernel): heads-major, whose 32 x 8 warps x 2 stages tile at Kimi
+# shapes compiles without spills to cp.async tiles and mma.sync (kv-major puts the p kv product on
+# wgmma, at more registers); ahead off, because with it Triton does not pipeline the loop (no
+# cp.async).
 LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, pdl=False)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes

@@ -16,14 +16,13 @@ positions) and linear in the chunk.
   earlier queries see none of it and are left out). Each piece returns (o, lse) and the
   pieces are merged by log-sum-exp in fp32. The public SDPA returns no lse, so `attend_lse`
   uses torch's fused kernels that do (private ops), fastest first (`LSE_ORDER`): on NVIDIA
-  cuDNN's attention (650 TFLOP/s on an H200 for a 8192 x 16384 piece; for pieces whose
-  lengths are multiples of CUDNN_MULTIPLE, as it plans each shape once, slowly), then
-  FlashAttention-2 (v padded to q's width; 261), then the memory-efficient kernel (144); on ROCm flash, then
-  memory-efficient; on the CPU torch's flash kernel (widths padded to one). Explicit fp32
-  math in query tiles elsewhere or when every one of them refuses the call (a FallbackWarning
-  names each refusal once). A causal piece with more queries than keys is cut into a square
-  causal part and an unmasked rest, so no kernel's own alignment of a non-square causal mask
-  matters.
+  cuDNN's attention (for pieces whose lengths are multiples of CUDNN_MULTIPLE, as it plans
+  each shape once, slowly), then FlashAttention-2 (v padded to q's width), then the
+  memory-efficient kernel; on ROCm flash, then memory-efficient; on the CPU torch's flash
+  kernel (widths padded to one). Explicit fp32 math in query tiles elsewhere or when every
+  one of them refuses the call (a FallbackWarning names each refusal once). A causal piece
+  with more queries than keys is cut into a square causal part and an unmasked rest, so no
+  kernel's own alignment of a non-square causal mask matters.
 
 - Many short sequences (a server's step: prompts and decodes of a few hundred positions):
   consecutive sequences of at most VARLEN_MAX_LEN positions form runs of at most PIECE

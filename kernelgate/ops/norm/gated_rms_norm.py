@@ -117,7 +117,7 @@ def _bytes(args, kwargs):
 
 
 def bench_cases():
-    """The H200 targets (1M x 128: KDA output norm per head; 65536 x 4096: a wide hidden norm)
+    """The issue's target shapes (1M x 128: KDA output norm per head; 65536 x 4096: a wide hidden norm)
     and the batch-1 decode shape 32 x 128 (32 KDA heads), which is launch-bound on a GPU and
     small enough for `kernelgate bench gated_rms_norm --case 32x128` on a CPU (interpreter)."""
     def make(rows, D):

@@ -42,7 +42,7 @@ EXACT_ON_GPU = ("f16bits", "f16")     # fp8 MMA accumulation misses 2e-4 on Hopp
 def _variant(name, fmt):
     cfg = VARIANTS[name]
     if GPU and cfg["operand"] not in EXACT_ON_GPU:
-        pytest.skip("fp8 MMA: not exact on GPUs (swept in bench/logits_sweep.py)")
+        pytest.skip("fp8 MMA: not exact on GPUs (swept in bench/ops/logits_sweep.py)")
     if GPU and fmt == FNUZ and (cfg["operand"] != "f16bits" or torch.version.hip):
         pytest.skip("no e4m3fnuz conversion on NVIDIA")
     return cfg

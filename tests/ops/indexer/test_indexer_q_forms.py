@@ -5,7 +5,7 @@ table (launch_config) on simulated platforms, plus which implementation dispatch
 
 Runs the Triton kernels on CPU under TRITON_INTERPRET=1 (fp32 dots, integer fp8 encoder), so each
 form's index arithmetic (quarters, RoPE pairs, head blocks) is checked here; the GPU-only choices
-(bf16 MMAs, hardware cvt, register caps) are checked by bench/indexer_sweep.py before timing."""
+(bf16 MMAs, hardware cvt, register caps) are checked by bench/ops/indexer_sweep.py before timing."""
 import dataclasses
 import math
 

@@ -1,0 +1,72 @@
+"""Launch-table sweep of the decode GEMV experts (kernelgate/ops/moe/fused_experts_gemv_triton.py).
+
+    PYTHONPATH=. python bench/ops/fused_experts_gemv_sweep.py
+
+Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16 (--shared: the model's
+call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at T = 1, 4, 8):
+each launch choice is checked against the native reference, then timed in a CUDA graph; the
+floor is each distinct expert's weights read once at the measured copy bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+
+from kernelgate import platform
+from kernelgate.ops.moe import fused_experts as fe
+from kernelgate.ops.moe import fused_experts_gemv_triton as gv
+from kernelgate.tools import benchmark
+from kernelgate.tools.testing import rel_err
+
+
+def with_shared(args):
+    """The routed experts plus a shared one, stacked as expert E, in a unit-weight last slot."""
+    x, w_gate_up, w_down, topk_w, topk_ids = args
+    E = w_down.shape[0]
+    ids = torch.cat([topk_ids, torch.full_like(topk_ids[:, :1], E)], 1)
+    wts = torch.cat([topk_w, torch.ones_like(topk_w[:, :1])], 1)
+    return (x, torch.cat([w_gate_up, w_gate_up[:1]]), torch.cat([w_down, w_down[:1]]), wts, ids)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shared", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return 1
+    dev = torch.device("cuda")
+    bw = benchmark.copy_bandwidth(dev)
+    print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
+    dispatched = gv.launch_config
+    try:
+        for T in ((1, 4, 8) if a.shared else (1, 4, 16)):
+            gen = torch.Generator(device=dev).manual_seed(0)
+            args, kw = fe.make_inputs(T, 2304, 1024, 256, 8, torch.bfloat16, dev, gen)
+            if a.shared:
+                args = with_shared(args)
+            floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
+            ref = fe.fused_experts_native(*args, **kw)
+            default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
+            for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32), (256, 512), (4, 8)):
+                if bi * bk > 16384 or bo * bk > 16384:
+                    continue
+                trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
+                gv.launch_config = lambda plat, tokens=2, trial=trial: trial  # noqa: E731
+                out = gv.fused_experts_gemv(*args, **kw)
+                err = rel_err(out, ref)
+                if err > 2e-2:
+                    print(f"| {T} | {bi} | {bo} | {bk} | {w} | wrong: {err:.1e} | |")
+                    continue
+                us = benchmark.graph_us(lambda: gv.fused_experts_gemv(*args, **kw), dev)
+                star = " *" if trial == default else ""
+                print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
+    finally:
+        gv.launch_config = dispatched
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
