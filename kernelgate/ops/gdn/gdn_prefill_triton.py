@@ -13,7 +13,8 @@ chunk, all decay factors exp(gc_i - gc_j), i >= j, are <= 1: no overflow for any
 (I + A)^-1 by block doubling: the inverses of the diagonal s-blocks, B, give those of the
 2s-blocks as B - B C B (C: A's lower-left s-block inside each 2s-block), log2(BT) steps of
 two [BT, BT] dots instead of BT dependent row steps. 16-bit inputs: the [BT, K] x [K, *] dots
-take 16-bit operands (fla's choice); the inverse and u stay fp32 (DOT precision per platform).
+take 16-bit operands (fla's choice; not on XPU, see launch_config); the inverse and u, and every dot
+of fp32 inputs, are fp32 (IEEE, not TF32: fp32 parity holds; on NVIDIA fla's kernels come first anyway).
 
 `_gdn_recurrent_kernel` steps token by token with KDA's delta-rule step (one decay per head).
 """
@@ -26,6 +27,10 @@ import triton.language as tl
 from ... import platform
 from ..conv.short_conv_triton import _bounds
 from ..kda.kda_decode_triton import delta_rule_step
+
+# Tokens per chunk. 16: the (I + A)^-1 doubling is 4 steps of [16, 16] dots, q / k chunks stay
+# small in registers; every [16, K] x [K, BV] dot maps onto MMA tiles.
+CHUNK = 16
 
 
 @triton.jit
@@ -69,16 +74,16 @@ def _bf16_rne(x):
 
 
 @triton.jit
-def _dot(a, b, LOWP: tl.constexpr, DOT: tl.constexpr):
+def _dot(a, b, LOWP: tl.constexpr):
     """a @ b, fp32 accumulate, of fp32 a, b: as bf16 operands (LOWP 1), as fp32 ones rounded to
     bf16 as a GPU rounds them (LOWP 2: the interpreter, whose bf16 dot multiplies the raw bits and
-    whose casts truncate), or fp32 ones at DOT precision (LOWP 0)."""
+    whose casts truncate), or as fp32 ones, exactly (LOWP 0: not TF32)."""
     if LOWP == 1:
         c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     elif LOWP == 2:
-        c = tl.dot(_bf16_rne(a), _bf16_rne(b), input_precision=DOT)
+        c = tl.dot(_bf16_rne(a), _bf16_rne(b), input_precision="ieee")
     else:
-        c = tl.dot(a, b, input_precision=DOT)
+        c = tl.dot(a, b, input_precision="ieee")
     return c
 
 
@@ -87,8 +92,7 @@ def _gdn_chunk_kernel(q, k, v, g, beta, state, cu_seqlens, slots, o,
                       sq0, sq1, sq2, sk0, sk1, sk2, sv0, sv1, sv2, sg0, sg1, sb0, sb1, scu, ssl,
                       ss0, ss1, ss2, ss3, so0, so1, T, pool, scale,
                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                      LEVELS: tl.constexpr, GROUP: tl.constexpr, L2: tl.constexpr, LOWP: tl.constexpr,
-                      DOT: tl.constexpr):
+                      LEVELS: tl.constexpr, GROUP: tl.constexpr, L2: tl.constexpr, LOWP: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -126,8 +130,8 @@ def _gdn_chunk_kernel(q, k, v, g, beta, state, cu_seqlens, slots, o,
         causal = o_i[:, None] >= o_i[None, :]
         decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)   # [BT, BT]
         b_kt = tl.trans(b_k)                                              # [BK, BT]
-        b_a = tl.where(lower, b_beta[:, None] * _dot(b_k, b_kt, LOWP, DOT) * decay, 0.0)
-        b_p = _dot(b_q, b_kt, LOWP, DOT) * decay
+        b_a = tl.where(lower, b_beta[:, None] * _dot(b_k, b_kt, LOWP) * decay, 0.0)
+        b_p = _dot(b_q, b_kt, LOWP) * decay
         # (I + A)^-1, block doubling from the 1-blocks (B = I)
         b_inv = eye
         for lvl in tl.static_range(LEVELS):                             # BT = 2^LEVELS; s-blocks, s = 2^lvl
@@ -135,33 +139,33 @@ def _gdn_chunk_kernel(q, k, v, g, beta, state, cu_seqlens, slots, o,
             blk = ((o_i[:, None] >> (lvl + 1)) == (o_i[None, :] >> (lvl + 1))) \
                 & (((o_i[:, None] >> lvl) & 1) == 1) & (((o_i[None, :] >> lvl) & 1) == 0)
             b_c = tl.where(blk, b_a, 0.0)
-            b_inv = b_inv - _dot(_dot(b_inv, b_c, 0, DOT), b_inv, 0, DOT)
+            b_inv = b_inv - _dot(_dot(b_inv, b_c, 0), b_inv, 0)
         e_gc = tl.exp(gc)
-        b_r = b_beta[:, None] * (b_v - e_gc[:, None] * _dot(b_k, b_s, LOWP, DOT))      # [BT, BV]
-        b_u = _dot(b_inv, b_r, 0, DOT)
-        b_o = e_gc[:, None] * _dot(b_q, b_s, LOWP, DOT) + _dot(b_p, b_u, LOWP, DOT)
+        b_r = b_beta[:, None] * (b_v - e_gc[:, None] * _dot(b_k, b_s, LOWP))      # [BT, BV]
+        b_u = _dot(b_inv, b_r, 0)
+        b_o = e_gc[:, None] * _dot(b_q, b_s, LOWP) + _dot(b_p, b_u, LOWP)
         tl.store(o + t[:, None] * so0 + i_h * so1 + o_v[None, :], b_o.to(o.dtype.element_ty),
                  mask=mt[:, None] & mv[None, :])
-        b_kd = b_kt * tl.exp(g_last - gc)[None, :]                        # [BK, BT]
-        b_s = tl.exp(g_last) * b_s + _dot(b_kd, b_u, LOWP, DOT)
+        # scale the rows, then transpose (Intel's backend rejects a product with the transposed layout)
+        b_kd = tl.trans(b_k * tl.exp(g_last - gc)[:, None])               # [BK, BT]
+        b_s = tl.exp(g_last) * b_s + _dot(b_kd, b_u, LOWP)
     tl.store(p_s, b_s, mask=ms)
 
 
 def launch_config(plat: platform.Platform, programs: int, V: int) -> dict:
-    """Launch choices: V tile, warps, chunk BT, fp32 dot precision.
+    """Launch choices: V tile, warps, 16-bit dots.
     Each program runs its sequence's chunks (tokens) one after another, so the device fills only
     through (sequence, head, V-block) programs: narrow V tiles when few (one 8k-token sequence at
-    HV=32, V=128: 256 programs of BV=16), as the decode step does. fp32 dots: "tf32x3" (three TF32
-    MMAs, fp32-accurate) on NVIDIA; "ieee" elsewhere (AMD lowers fp32 dots to its fp32 MFMA; Intel
-    has no fp32 DPAS) and under the interpreter."""
-    nvidia = plat.name == "cuda" and plat.triton_mode == "compiled"
+    HV=32, V=128: 256 programs of BV=16), as the decode step does. XPU: fp32 dots only (Intel's
+    backend, triton-xpu 3.3, fails to lower a kernel that mixes bf16 DPAS dots with fp32 ones:
+    "Unsupported dpas type"); at BT=16 they are [16, K] x [K, BV] FMA tiles."""
     BV = max(16, triton.next_power_of_2(V))
     if plat.triton_mode == "compiled":      # (the interpreter runs programs one by one: fewest is fastest)
         BV = min(BV, 16 if programs < 256 else 32)
-    return dict(BV=BV, num_warps=4, BT=16, dot="tf32x3" if nvidia else "ieee")
+    return dict(BV=BV, num_warps=4, lowp_dots=plat.name != "xpu")
 
 
-def _launch(kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm, **meta):
+def _launch(kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm, chunked):
     T, HK, K = q.shape
     HV, V = v.shape[1:]
     o = torch.zeros(v.shape, dtype=v.dtype, device=v.device)       # skipped rows stay zeros
@@ -169,23 +173,24 @@ def _launch(kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm
     if T == 0 or N == 0:
         return o
     cfg = launch_config(platform.current(), N * HV, V)
+    meta = {}
+    if chunked:   # 16-bit inputs: bf16 operands (rounded as a GPU rounds them under the interpreter)
+        lowp = cfg["lowp_dots"] and q.element_size() == 2 and k.element_size() == 2
+        meta = dict(BT=CHUNK, LEVELS=CHUNK.bit_length() - 1, LOWP=(2 if platform.interpreting() else 1) if lowp else 0)
     kernel[(N, HV, triton.cdiv(V, cfg["BV"]))](
         q, k, v, g, beta, state, cu_seqlens, slots, o, *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         *beta.stride(), cu_seqlens.stride(0), slots.stride(0), *state.stride(), *o.stride()[:2],
         T, state.shape[0], float(K ** -0.5 if scale is None else scale), K=K, V=V,
         BK=max(16, triton.next_power_of_2(K)), BV=cfg["BV"], GROUP=HV // HK, L2=qk_l2norm,
-        num_warps=cfg["num_warps"], **{key: f(cfg) for key, f in meta.items()})
+        num_warps=cfg["num_warps"], **meta)
     return o
 
 
 def gdn_prefill_chunk(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
                       cu_seqlens_cpu=None, slots_cpu=None):
-    lowp = 0 if q.element_size() == 4 or k.element_size() == 4 else 2 if platform.interpreting() else 1
-    return _launch(_gdn_chunk_kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm,
-                   BT=lambda c: c["BT"], LEVELS=lambda c: c["BT"].bit_length() - 1, LOWP=lambda c: lowp,
-                   DOT=lambda c: c["dot"])
+    return _launch(_gdn_chunk_kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm, True)
 
 
 def gdn_prefill_recurrent(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
                           cu_seqlens_cpu=None, slots_cpu=None):
-    return _launch(_gdn_recurrent_kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm)
+    return _launch(_gdn_recurrent_kernel, q, k, v, g, beta, state, cu_seqlens, slots, scale, qk_l2norm, False)
