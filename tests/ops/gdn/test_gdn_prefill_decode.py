@@ -73,8 +73,8 @@ def test_prefill_strong_decay_vs_hf_recurrent(impl, strength):
     assert rel_err(o, ro) < 1e-4 and rel_err(state[0], rS) < 1e-4
 
 
-@pytest.mark.parametrize("impl", runnable("gdn_prefill"))
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl,dtype", [pytest.param(i.id, d.values[0], id=f"{d.id}-{i.id}") for d in DTYPES
+                                        for i in runnable("gdn_prefill") if i.id != "triton_recurrent" or d.id == "fp32"])
 def test_prefill_in_two_calls_equals_one(impl, dtype):
     """Chunked prefill: each sequence's first part in one call, the rest in a second (the state
     carries over in its slot) == the whole sequences in one call."""
