@@ -3,7 +3,6 @@ undecorated functions, so no fla kernel is routed in) and fla-core's naive gated
 import functools
 
 import pytest
-import torch
 
 
 @functools.cache

@@ -124,7 +124,7 @@ def _every_other(t):
 
 @pytest.mark.parametrize("op,plat,impl", params(SLOT_OPS))
 def test_strided_index_tensors(op, plat, impl):
-    build, si, sti, _ = SLOT_OPS[op]
+    build, _, sti, _ = SLOT_OPS[op]
     args, kw = build(torch.tensor([0, 3], dtype=torch.int32))
     dense, dense_kw = clone(args, kw)
     views = (6, 7) if op == "gdn_prefill" else (3, 4, 6) if op == "gdn_packed_decode" else (6,)

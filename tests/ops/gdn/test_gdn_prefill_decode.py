@@ -258,7 +258,7 @@ def test_prefill_rejects_bad_input(case):
 
 
 def test_decode_and_packed_reject_bad_input():
-    q, k, v, g, beta, state, _, _ = _prefill_args()
+    q, k, v, g, _, state, _, _ = _prefill_args()
     sl = torch.zeros(8, dtype=torch.int32)
     with pytest.raises(KernelgateError, match=r"^gdn_decode: beta shape \(8, 3\) != \(8, 4\)$"):
         ops.gdn_decode(q, k, v, g, torch.rand(8, 3), state, sl)
