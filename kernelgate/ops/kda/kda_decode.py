@@ -20,7 +20,7 @@ from ... import checks
 from ...registry import ALL_PLATFORMS, GPU_TRITON, Case, declare
 from ..common import index_checks
 from .kda_gate import kda_gate_native
-from .kda_prefill import INDEX, l2norm
+from .kda_prefill import INDEX, check_scale, l2norm
 
 OP, PACKED = "kda_decode", "kda_packed_decode"
 
@@ -44,12 +44,13 @@ def kda_decode_native(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True
     return o.to(v.dtype)
 
 
-def unpack(qkv, num_heads, head_k_dim):
-    """qkv [N, 2HK + HV] -> q, k [N, H, K], v [N, H, V] (views)."""
+def unpack(qkv, num_heads, head_k_dim, num_v_heads=None):
+    """qkv [N, 2*H*K + HV*V] -> q, k [N, H, K], v [N, HV, V] (views; HV = num_v_heads, default H)."""
     N, H, K = qkv.shape[0], num_heads, head_k_dim
-    HV = qkv.shape[1] - 2 * H * K
-    q, k, v = qkv.split([H * K, H * K, HV], dim=1)
-    return q.view(N, H, K), k.view(N, H, K), v.view(N, H, HV // H)     # (N may be 0: no -1)
+    HV = num_v_heads or H
+    width = qkv.shape[1] - 2 * H * K
+    q, k, v = qkv.split([H * K, H * K, width], dim=1)
+    return q.view(N, H, K), k.view(N, H, K), v.view(N, HV, width // HV)     # (N may be 0: no -1)
 
 
 def kda_packed_decode_native(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim,
@@ -70,11 +71,6 @@ def kda_packed_decode_chain(qkv, f, b, A_log, dt_bias, state, slots, num_heads, 
 
 
 # -- validation --------------------------------------------------------------------------
-def _scale_ok(op, scale):
-    checks.require(scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                     and scale > 0), op, f"scale must be None or a number > 0, got {scale!r}")
-
-
 def check_values(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     index_checks.slots(OP, "slots", slots, state.shape[0])
 
@@ -93,8 +89,7 @@ def validate(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     checks.tensor(OP, "beta", beta, shape=(N, H), dtype=checks.FLOATS, device=dev)
     checks.tensor(OP, "state", state, shape=(None, H, K, v.shape[2]), dtype=torch.float32, device=dev)
     checks.tensor(OP, "slots", slots, shape=(N,), dtype=INDEX, device=dev)
-    _scale_ok(OP, scale)
-    checks.require(isinstance(qk_l2norm, bool), OP, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
+    check_scale(OP, scale, qk_l2norm)
 
 
 def validate_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_dim, scale=None,
@@ -115,13 +110,13 @@ def validate_packed(qkv, f, b, A_log, dt_bias, state, slots, num_heads, head_k_d
     checks.tensor(PACKED, "dt_bias", dt_bias, shape=(H * K,), dtype=checks.FLOATS, device=dev, optional=True)
     checks.tensor(PACKED, "state", state, shape=(None, H, K, V), dtype=torch.float32, device=dev)
     checks.tensor(PACKED, "slots", slots, shape=(N,), dtype=INDEX, device=dev)
-    _scale_ok(PACKED, scale)
+    check_scale(PACKED, scale)
     checks.require(lower_bound is None or (isinstance(lower_bound, (int, float)) and -5.0 <= lower_bound < 0.0),
                    PACKED, f"lower_bound {lower_bound!r} not None or a number in [-5, 0)")
 
 
 # -- cases ---------------------------------------------------------------------------------
-def _decode_inputs(N, slots, H, K, V, device, dtype, gen, pool):
+def decode_inputs(N, slots, H, K, V, device, dtype, gen, pool):
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     to = lambda t, dt=dtype: t.to(device=device, dtype=dt)  # noqa: E731
     sl = torch.tensor(slots, dtype=torch.int32, device=device)
@@ -130,7 +125,7 @@ def _decode_inputs(N, slots, H, K, V, device, dtype, gen, pool):
 
 def decode_case(N, slots, H=2, K=32, V=32, l2=True, pool=None):
     def make(device, dtype, gen):
-        r, to, sl, state = _decode_inputs(N, slots, H, K, V, device, dtype, gen, pool or max(slots) + 2)
+        r, to, sl, state = decode_inputs(N, slots, H, K, V, device, dtype, gen, pool or max(slots) + 2)
         g = torch.nn.functional.logsigmoid(r(N, H, K) + 2.0)
         args = (to(r(N, H, K)), to(r(N, H, K)), to(r(N, H, V)), to(g, torch.float32),
                 to(torch.sigmoid(r(N, H))), state, sl)
@@ -140,7 +135,7 @@ def decode_case(N, slots, H=2, K=32, V=32, l2=True, pool=None):
 
 def packed_case(N, slots, H=2, K=32, V=32, lb=None, pool=None, bias=True):
     def make(device, dtype, gen):
-        r, to, sl, state = _decode_inputs(N, slots, H, K, V, device, dtype, gen, pool or max(slots) + 2)
+        r, to, sl, state = decode_inputs(N, slots, H, K, V, device, dtype, gen, pool or max(slots) + 2)
         qkv = to(r(N, 2 * H * K + H * V))
         f, b = to(r(N, H * K)), to(r(N, H))
         A_log, dt_bias = to(r(H) - 1.0, torch.float32), (to(r(H * K), torch.float32) if bias else None)
@@ -168,13 +163,16 @@ def packed_bench_cases():
             return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), kw
         return f
 
-    def nbytes(args, kwargs):
-        qkv, f, b, _, _, state, _, H, K = args
-        N, V = qkv.shape[0], state.shape[-1]
-        # state read + written once, inputs read once, output written once
-        return (2 * N * H * K * V * 4 + qkv.numel() * qkv.element_size() + f.numel() * f.element_size()
-                + b.numel() * b.element_size() + N * H * V * qkv.element_size())
-    return [Case(f"N{n}-H{H}-K{K}-V{V}", make(n), dtypes=(torch.bfloat16,), bytes=nbytes) for n in (1, 32, 256)]
+    return [Case(f"N{n}-H{H}-K{K}-V{V}", make(n), dtypes=(torch.bfloat16,), bytes=packed_bytes) for n in (1, 32, 256)]
+
+
+def packed_bytes(args, kwargs):
+    """Bytes a packed decode step moves (KDA, GDN): args start qkv, gate input, b, A_log, dt_bias, state."""
+    qkv, f, b, _, _, state = args[:6]
+    N, (H, K, V) = qkv.shape[0], state.shape[1:]
+    # state read + written once, inputs read once, output written once
+    return (2 * N * H * K * V * 4 + qkv.numel() * qkv.element_size() + f.numel() * f.element_size()
+            + b.numel() * b.element_size() + N * H * V * qkv.element_size())
 
 
 kda_decode = declare(OP, kda_decode_native, validate=validate, check_values=check_values, cases=decode_cases,

@@ -28,23 +28,39 @@ def _kept(slots, pool, cu_seqlens=None, slots_cpu=None, cu_seqlens_cpu=None, tot
 _LONG: dict = {}
 
 
-def _long(t: torch.Tensor) -> torch.Tensor:
-    """t as int64, the same object for repeated calls with the same tensor (batch metadata is
-    never written in place): fla memoizes its chunk indices by argument identity, so the layers
-    of one engine step (sharing the batch's cu_seqlens) compute them once, not once per layer."""
-    if t.dtype == torch.long:
-        return t
-    hit = _LONG.get(id(t))                     # (inference tensors have no version counter)
+def memo_by_identity(cache: dict, t: torch.Tensor, make):
+    """make(t), computed once per tensor object (batch metadata is never written in place; inference
+    tensors have no version counter). The entry keeps t alive, so its id is not reused."""
+    hit = cache.get(id(t))
     if hit is None or hit[0] is not t:
-        if len(_LONG) >= 8:
-            _LONG.clear()
-        hit = _LONG[id(t)] = (t, t.long())     # keeps t alive, so its id is not reused
+        if len(cache) >= 8:
+            cache.clear()
+        hit = cache[id(t)] = (t, make(t))
     return hit[1]
+
+
+def _long(t: torch.Tensor) -> torch.Tensor:
+    """t as int64, the same object for repeated calls with the same tensor: fla memoizes its chunk
+    indices by argument identity, so the layers of one engine step (sharing the batch's cu_seqlens)
+    compute them once, not once per layer."""
+    return t if t.dtype == torch.long else memo_by_identity(_LONG, t, torch.Tensor.long)
 
 
 def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
                   cu_seqlens_cpu=None, slots_cpu=None):
-    """kda_prefill through fla `chunk_kda` (varlen, initial/final states via the slot pool).
+    """kda_prefill through fla `chunk_kda` (varlen, initial/final states via the slot pool)."""
+    def run(q, k, v, g, beta, h0, cu, cu_cpu):
+        # use_graph: fla builds its chunk list on the device (fixed size, ceil(T / 64) + N - 1 rows,
+        # the unused ones skipped by the kernels) instead of on the host and uploading it with a
+        # blocking copy: without it every eager step waits here for the device to drain
+        return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+                         use_qk_l2norm_in_kernel=qk_l2norm, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, use_graph=True)
+    return varlen_prefill(run, q, k, v, g, beta, state, cu_seqlens, slots, cu_seqlens_cpu, slots_cpu)
+
+
+def varlen_prefill(run, q, k, v, g, beta, state, cu_seqlens, slots, cu_seqlens_cpu, slots_cpu):
+    """A delta-rule prefill through an fla varlen chunk kernel `run(q, k, v, g, beta, h0, cu_seqlens,
+    cu_seqlens_cpu) -> (o, final states)` ([1, T, ...] inputs, int64 bounds, [N, H, K, V] states).
 
     fla takes neither skipped nor empty sequences, so when some are present the tokens of
     the others are compacted ([Tk] index `tok`), run, and scattered back into zeros."""
@@ -68,12 +84,7 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
         tok, run_cu, idx = dev.split([tok.numel(), len(kept) + 1, len(kept)])
         qr, kr, vr, gr, br = (x.index_select(0, tok) for x in (q, k, v, g, beta))
     h0 = state.index_select(0, idx)                                                       # [Nk, H, K, V]
-    # use_graph: fla builds its chunk list on the device (fixed size, ceil(T / 64) + N - 1 rows,
-    # the unused ones skipped by the kernels) instead of on the host and uploading it with a
-    # blocking copy: without it every eager step waits here for the device to drain
-    o, ht = chunk_kda(qr[None], kr[None], vr[None], gr[None].float(), br[None], scale=scale,
-                      initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm,
-                      cu_seqlens=run_cu, cu_seqlens_cpu=run_cu_cpu, use_graph=True)
+    o, ht = run(qr[None], kr[None], vr[None], gr[None].float(), br[None], h0, run_cu, run_cu_cpu)
     state.index_copy_(0, idx, ht.float())
     if whole:
         return o[0]
@@ -82,6 +93,15 @@ def chunk_prefill(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2n
 
 def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm=True):
     """kda_decode through fla `fused_recurrent_kda` (one token per sequence)."""
+    def run(q, k, v, g, beta, h0, cu):
+        return fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=qk_l2norm, cu_seqlens=cu)
+    return slot_decode(run, q, k, v, g, beta, state, slots)
+
+
+def slot_decode(run, q, k, v, g, beta, state, slots):
+    """A delta-rule decode step through an fla varlen recurrent kernel `run(q, k, v, g, beta, h0,
+    cu_seqlens) -> (o, final states)` on the sequences whose slots are in the pool."""
     N = q.shape[0]
     kept, _, _ = _kept(slots, state.shape[0])
     o = alloc.empty(v.shape, v.dtype, v.device)
@@ -93,9 +113,8 @@ def fused_recurrent_decode(q, k, v, g, beta, state, slots, scale=None, qk_l2norm
     idx = slots.long().index_select(0, sel)
     pick = (lambda t: t.index_select(0, sel)) if len(kept) < N else (lambda t: t)
     cu = torch.arange(len(kept) + 1, dtype=torch.long, device=q.device)
-    out, ht = fused_recurrent_kda(pick(q)[None], pick(k)[None], pick(v)[None], pick(g)[None].float(),
-                                  pick(beta)[None], scale=scale, initial_state=state.index_select(0, idx),
-                                  output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm, cu_seqlens=cu)
+    out, ht = run(pick(q)[None], pick(k)[None], pick(v)[None], pick(g)[None].float(), pick(beta)[None],
+                  state.index_select(0, idx), cu)
     state.index_copy_(0, idx, ht.float())
     o.index_copy_(0, sel, out[0])
     return o

@@ -56,7 +56,8 @@ def _blocks(M, nb, s, row, col):
 
 def _decayed_grams(q, k, gc):
     """Mkk[..., i, j] = sum_c k_i[c] k_j[c] exp(gc_i[c] - gc_j[c]) and Mqk likewise with q_i,
-    for j <= i (0 above the diagonal). q, k, gc: [..., C, K], gc non-increasing along C.
+    for j <= i (0 above the diagonal). q, k: [..., C, K]; gc: [..., C, K], or [..., C, 1] for one
+    decay per head (GDN; broadcast over K); gc non-increasing along C.
 
     Inside a block whose decay span (gc at its first row minus gc at its last) is at most
     SPAN, exp(gc_i - gc_j) = exp(gc_i - r) exp(r - gc_j) with r = gc at the first row: factors
@@ -75,7 +76,7 @@ def _decayed_grams(q, k, gc):
         gb = blk(gc)
         if (gb[..., 0, :] - gb[..., -1, :]).max() <= SPAN:
             r = gb[..., :1, :]
-            col = torch.sub(r, gb).exp_().mul_(blk(k)).transpose(-1, -2)     # [..., nb, K, s]
+            col = torch.mul(torch.sub(r, gb).exp_(), blk(k)).transpose(-1, -2)   # [..., nb, K, s]
             row = torch.sub(gb, r).exp_()
             for M, x in ((Mkk, k), (Mqk, q)):
                 diag = M.unflatten(-1, (nb, s)).unflatten(-3, (nb, s)).diagonal(dim1=-4, dim2=-2)
@@ -85,7 +86,7 @@ def _decayed_grams(q, k, gc):
         halves = lambda x: x.unflatten(-2, (nb, 2, s)).unbind(-3)  # noqa: E731  [..., nb, s, K] x2
         (gl, gr), (kl, kr), (_, qr) = halves(gc), halves(k), halves(q)
         r = gl[..., -1:, :]
-        col = torch.sub(r, gl).exp_().mul_(kl).transpose(-1, -2)             # [..., nb, K, s]
+        col = torch.mul(torch.sub(r, gl).exp_(), kl).transpose(-1, -2)       # [..., nb, K, s]
         row = torch.sub(gr, r).exp_()
         for M, x in ((Mkk, kr), (Mqk, qr)):
             _blocks(M, nb, s, 1, 0).copy_(((x * row) @ col).movedim(-3, -1))
@@ -105,7 +106,7 @@ def _to_chunks(x, n):
 
 def kda_chunked(q, k, v, g, beta, S, scale, qk_l2norm):
     """One sequence: q, k, g [L, H, K], v [L, H, V], beta [L, H], S [H, K, V]
-    -> (o [L, H, V] fp32, final S [H, K, V] fp32).
+    -> (o [L, H, V] fp32, final S [H, K, V] fp32). g may be [L, H, 1]: one decay per head (GDN).
 
     Chunks are taken GROUP at a time: the intra-chunk terms of a group are batched over its
     chunks and heads ([n, H, C, *]); then the group's chunks hand the state over in order."""
@@ -169,31 +170,45 @@ def validate(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=T
     checks.tensor(OP, "g", g, shape=(T, H, K), dtype=checks.FLOATS, device=dev)
     checks.tensor(OP, "beta", beta, shape=(T, H), dtype=checks.FLOATS, device=dev)
     checks.tensor(OP, "state", state, shape=(None, H, K, v.shape[2]), dtype=torch.float32, device=dev)
-    checks.tensor(OP, "cu_seqlens", cu_seqlens, ndim=1, dtype=INDEX, device=dev)
-    checks.require(cu_seqlens.shape[0] >= 2, OP, "cu_seqlens needs N+1 >= 2 entries")
-    checks.tensor(OP, "slots", slots, shape=(cu_seqlens.shape[0] - 1,), dtype=INDEX, device=dev)
+    validate_batch(OP, dev, cu_seqlens, slots, scale, qk_l2norm, cu_seqlens_cpu, slots_cpu)
+
+
+def validate_batch(op, dev, cu_seqlens, slots, scale, qk_l2norm, cu_seqlens_cpu, slots_cpu):
+    """The varlen delta-rule prefills' batch arguments (KDA, GDN): metadata, scale, flags, hints."""
+    checks.tensor(op, "cu_seqlens", cu_seqlens, ndim=1, dtype=INDEX, device=dev)
+    checks.require(cu_seqlens.shape[0] >= 2, op, "cu_seqlens needs N+1 >= 2 entries")
+    checks.tensor(op, "slots", slots, shape=(cu_seqlens.shape[0] - 1,), dtype=INDEX, device=dev)
+    check_scale(op, scale, qk_l2norm)
+    validate_host_hint(op, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
+    validate_host_hint(op, "slots_cpu", slots_cpu, slots)
+
+
+def check_scale(op, scale, qk_l2norm=True):
     checks.require(scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                     and scale > 0), OP, f"scale must be None or a number > 0, got {scale!r}")
-    checks.require(isinstance(qk_l2norm, bool), OP, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
-    validate_host_hint(OP, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
-    validate_host_hint(OP, "slots_cpu", slots_cpu, slots)
+                                     and scale > 0), op, f"scale must be None or a number > 0, got {scale!r}")
+    checks.require(isinstance(qk_l2norm, bool), op, f"qk_l2norm must be a bool, got {qk_l2norm!r}")
+
+
+def check_batch_values(op, T, pool, cu_seqlens, slots, cu_seqlens_cpu, slots_cpu):
+    index_checks.cu_seqlens(op, cu_seqlens, T)
+    index_checks.hint(op, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
+    index_checks.slots(op, "slots", slots, pool)
+    index_checks.hint(op, "slots_cpu", slots_cpu, slots)
 
 
 def check_values(q, k, v, g, beta, state, cu_seqlens, slots, scale=None, qk_l2norm=True, *,
                  cu_seqlens_cpu=None, slots_cpu=None):
-    index_checks.cu_seqlens(OP, cu_seqlens, q.shape[0])
-    index_checks.hint(OP, "cu_seqlens_cpu", cu_seqlens_cpu, cu_seqlens)
-    index_checks.slots(OP, "slots", slots, state.shape[0])
-    index_checks.hint(OP, "slots_cpu", slots_cpu, slots)
+    check_batch_values(OP, q.shape[0], state.shape[0], cu_seqlens, slots, cu_seqlens_cpu, slots_cpu)
 
 
 # -- parity cases -------------------------------------------------------------------------
-def make_inputs(lens, slots, H, K, V, device, dtype, gen, pool=None):
-    """Random KDA inputs in the ranges a model produces (decay <= 0, beta in (0, 1))."""
+def make_inputs(lens, slots, H, K, V, device, dtype, gen, pool=None, num_k_heads=None, head_decay=False):
+    """Random KDA inputs in the ranges a model produces (decay <= 0, beta in (0, 1)). GDN:
+    q, k with num_k_heads heads (H value heads), one decay per head (head_decay: g [T, H])."""
     T = sum(lens)
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    q, k, v = r(T, H, K), r(T, H, K), r(T, H, V)
-    g = F.logsigmoid(r(T, H, K) + 3.0)                    # mostly mild decay, some strong
+    q, k, v = r(T, num_k_heads or H, K), r(T, num_k_heads or H, K), r(T, H, V)
+    g = F.logsigmoid(r(T, H, *(() if head_decay else (K,))) + 3.0)     # mostly mild decay, some strong
     beta = torch.sigmoid(r(T, H))
     state = 0.3 * r(pool or max(slots) + 2, H, K, V)
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
