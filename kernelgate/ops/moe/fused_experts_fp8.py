@@ -79,12 +79,13 @@ def make_inputs(T, D, I, E, k, dtype, device, gen, *, ids="random", limit=None, 
                                                 ids="random" if ids == "shared" else ids, limit=limit)
     gd = gen.device
 
-    def vary(w):
+    def quant(w):   # expert by expert: bench-sized stacks quantize without fp32 copies of the whole stack
         E_, R, C = w.shape
-        w = w.to(gd) * (0.5 * torch.randn(E_, R, 1, generator=gen, device=gd)).exp()
-        return w * (0.5 * torch.randn(E_, 1, C, generator=gen, device=gd)).exp()
-    quant = quantize_fp8_channel if block is None else (lambda w: quantize_fp8_block(w, block))
-    (gu, gus), (dn, dns) = quant(vary(gu)), quant(vary(dn))
+        w = w.to(gd).mul_((0.5 * torch.randn(E_, R, 1, generator=gen, device=gd)).exp())
+        w.mul_((0.5 * torch.randn(E_, 1, C, generator=gen, device=gd)).exp())
+        parts = [quantize_fp8_channel(w[e]) if block is None else quantize_fp8_block(w[e], block) for e in range(E_)]
+        return torch.stack([q for q, _ in parts]), torch.stack([sc for _, sc in parts])
+    (gu, gus), (dn, dns) = quant(gu), quant(dn)
     if ids == "shared":
         ti = ti.clone()
         ti[:, -1] = E - 1
@@ -145,4 +146,5 @@ fused_experts_fp8.implementation(
 fused_experts_fp8.implementation(
     "triton_gemv", ".fused_experts_fp8_gemv_triton:fused_experts_fp8_gemv", provider="triton", platforms=GPU_TRITON,
     dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",), supports=_gemv_fp8_supports,
-    priority=20, doc="portable Triton GEMV on fp8 experts for decode (T <= 8): each pair streams its expert's bytes once")
+    priority=20,
+    doc="portable Triton GEMV on fp8 experts for decode (T <= 8): each pair streams its expert's bytes once")

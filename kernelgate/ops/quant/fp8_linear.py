@@ -51,7 +51,7 @@ def check_values(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
 def _triton_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
     from .fp8_linear_triton import W8A8_MIN_TOKENS, k_tile
     K = x.shape[1]
-    bn, bk = block_dims(block_size, K)
+    bk = block_dims(block_size, K)[1]
     if k_tile(bk, K, 64) < 16:
         return f"block_size {block_size}: K tiles (powers of two >= 16) must divide the block's bk = {bk}"
     cap = platform.current().capability
@@ -64,7 +64,7 @@ def _triton_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
 def _w8a8_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
     from .fp8_linear_triton import k_tile
     K = x.shape[1]
-    bn, bk = block_dims(block_size, K)
+    bk = block_dims(block_size, K)[1]
     if k_tile(bk, K, 128) < 32:
         return f"block_size {block_size}: fp8 K tiles (powers of two >= 32) must divide the block's bk = {bk}"
     return None

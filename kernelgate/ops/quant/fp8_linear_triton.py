@@ -33,9 +33,10 @@ from ..common.fp8_triton import encode_e4m3
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
 DECODE_TOKENS = 8       # up to this many tokens: the split-K decode launch of the w8a16 kernel
-# 16-bit x of at least this many tokens goes to the w8a8 form where the device has fp8 MMA: from there
-# the GEMM is compute bound on an H200 (989 dense bf16 TFLOP/s over 4.8 TB/s of fp8 weight bytes
-# is ~100 tokens), and fp8 MMA doubles its rate. Below it both forms stream the same weight bytes.
+# 16-bit x of at least this many tokens goes to the w8a8 form where the device has fp8 MMA: from about
+# there the GEMM is compute bound (H200 spec sheet: 989 dense bf16 TFLOP/s over 4.8 TB/s of fp8 weight
+# bytes is ~100 tokens) and fp8 MMA doubles its rate; below it both forms stream the same weight bytes
+# and w8a8 only adds activation rounding. A spec-sheet estimate: the crossover wants measuring.
 W8A8_MIN_TOKENS = 128
 
 # Launch choices per platform name (platform.current(), so a simulated platform takes its own).
@@ -78,8 +79,9 @@ def _gemm_configs(kmax: int, fp8: bool):
     shapes = ((128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 4, 4), (128, 256, 128, 8, 3)) if fp8 else \
         ((64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (64, 128, 128, 4, 3),
          (128, 128, 128, 8, 3))
+    shapes = dict.fromkeys((bm, bn, min(bk, kmax), w, s) for bm, bn, bk, w, s in shapes)   # K tiles <= kmax
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bm, bn, bk, w, s in shapes if bk <= kmax]
+            for bm, bn, bk, w, s in shapes]
 
 
 @functools.cache
@@ -201,9 +203,10 @@ def _w8a8_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, bn, bk,
 
 
 def _split(N: int, K: int, cfg: dict) -> tuple[int, int]:
-    """(SPLIT, k_split): the K range of a decode launch cut so that about cfg['programs'] programs run."""
+    """(SPLIT, k_split): the K range of a decode launch cut so that about cfg['programs'] programs run
+    (or into cfg['split'] parts), each part a whole number of K tiles."""
     k_tiles = triton.cdiv(K, cfg["BLOCK_K"])
-    split = max(1, min(k_tiles, cfg["programs"] // triton.cdiv(N, cfg["BLOCK_N"])))
+    split = cfg.get("split") or max(1, min(k_tiles, cfg["programs"] // triton.cdiv(N, cfg["BLOCK_N"])))
     per = triton.cdiv(k_tiles, split)
     return triton.cdiv(k_tiles, per), per * cfg["BLOCK_K"]
 
@@ -237,12 +240,7 @@ def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
             x, w, s, y, *common, K, bn, bk, *x.stride(), *w.stride(), *s.stride(), 0, *y.stride(),
             SCALE[mode], **flags, **meta)
         return y
-    split, k_split = cfg.get("split"), None
-    if split is None:
-        split, k_split = _split(N, K, cfg)
-    else:
-        per = triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), split)
-        split, k_split = triton.cdiv(triton.cdiv(K, cfg["BLOCK_K"]), per), per * cfg["BLOCK_K"]
+    split, k_split = _split(N, K, cfg)
     out = y if split == 1 else alloc.empty((split, T, N), torch.float32, x.device)
     so = (0, *y.stride()) if split == 1 else out.stride()
     meta = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
@@ -289,8 +287,8 @@ def fp8_linear_w8a8(x, weight, weight_scale, block_size=(128, 128), **config):
     flags = dict(MODE=mode, ONE_KBLOCK=groups == 1, F32=f32)
     kmax = k_tile(bk, K, 128)
     if not interpreting() and N * K >= _TUNE_MIN_WEIGHTS and "BLOCK_M" not in config:
-        _tuned(_w8a8_kernel, kmax, True)[lambda META: (triton.cdiv(T, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]))](
-            *args, **flags)
+        grid = lambda META: (triton.cdiv(T, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]))  # noqa: E731
+        _tuned(_w8a8_kernel, kmax, True)[grid](*args, **flags)
     else:
         meta = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
         _w8a8_kernel[(triton.cdiv(T, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))](

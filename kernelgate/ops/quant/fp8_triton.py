@@ -20,25 +20,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ... import platform
+
 INT, FN, FNUZ = 0, 1, 2
 MODES = {"int": INT, "fn": FN, "fnuz": FNUZ}
 SCALE = {INT: 256.0, FN: 1.0, FNUZ: 2.0}
 
 
 def mode_for(capability: str | None) -> str:
-    """How a device of this capability decodes e4m3fn bytes: "fn" where it converts OCP fp8 in hardware,
-    "fnuz" on MI300 (gfx94x: fnuz conversions only), "int" elsewhere (exact either way)."""
-    cap = capability or ""
-    if cap.startswith("gfx94"):
+    """How a device of this capability decodes e4m3fn bytes: "fnuz" on MI300 (gfx94x converts e4m3fnuz
+    only), "fn" where it converts fp8 in hardware (platform.fp8_hardware), "int" elsewhere (exact either way)."""
+    if (capability or "").startswith("gfx94"):
         return "fnuz"
-    if cap.startswith("sm_"):
-        return "fn" if int(cap[3:]) >= 89 else "int"
-    return "fn" if cap.startswith(("gfx95", "gfx12")) else "int"
+    return "fn" if platform.fp8_hardware(capability) else "int"
 
 
 def mma_mode_for(capability: str | None) -> str | None:
     """The operand mode of an fp8 x fp8 tl.dot on this device's matrix units, None without fp8 MMA:
-    NVIDIA sm_89+ (Ada / Hopper / Blackwell: e4m3fn), AMD gfx942 (MI300: e4m3fnuz), gfx950 (MI350: e4m3fn)."""
+    NVIDIA sm_89+ (Ada / Hopper / Blackwell: e4m3fn), AMD gfx942 (MI300: e4m3fnuz), gfx950 (MI350: e4m3fn).
+    (gfx12's fp8 WMMA is left out: not compiled or measured here.)"""
     cap = capability or ""
     if cap.startswith("sm_"):
         return "fn" if int(cap[3:]) >= 89 else None

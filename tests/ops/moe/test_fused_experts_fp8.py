@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from kernelgate import KernelgateError, platform, registry
+from kernelgate import KernelgateError, alloc, platform, registry
 from kernelgate.ops.moe.fused_experts_fp8 import make_inputs
 from kernelgate.ops.quant import dequantize_fp8
 from kernelgate.platform import Device
@@ -16,6 +16,13 @@ BF16 = registry.get("fused_experts")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 triton_here = pytest.mark.skipif(platform.current().triton is not None,
                                  reason="Triton cannot run here (set TRITON_INTERPRET=1 on CPU)")
+
+
+@pytest.fixture(autouse=True)
+def _poisoned():
+    """Kernel outputs start as NaN: an element a kernel leaves unwritten fails the comparison."""
+    with alloc.poisoned():
+        yield
 
 
 def _runnable(args, kwargs):
@@ -86,7 +93,8 @@ def test_each_gpus_decode_gives_the_same_bits(device, T):
 
 
 @pytest.mark.parametrize("bad,arg,needle", [
-    (lambda a: {**a, "w_gate_up_scale": a["w_gate_up_scale"][:, :1]}, "w_gate_up_scale", "shape (4, 1, 2) != (4, 2, 2)"),
+    (lambda a: {**a, "w_gate_up_scale": a["w_gate_up_scale"][:, :1]}, "w_gate_up_scale",
+     "shape (4, 1, 2) != (4, 2, 2)"),
     (lambda a: {**a, "w_down_scale": a["w_down_scale"][:3]}, "w_down_scale", "!= (4, 2, 1)"),
     (lambda a: {**a, "w_down_scale": a["w_down_scale"].double()}, "w_down_scale", "dtype float64"),
     (lambda a: {**a, "block_size": None}, "w_gate_up_scale", "per-channel"),
