@@ -78,12 +78,12 @@ def test_hand_computed():
 
 @triton_here
 @pytest.mark.parametrize("device", [
-    Device("cuda", "sm_90", "NVIDIA H100 80GB HBM3"), Device("rocm", "gfx942", "AMD Instinct MI300X"),
-    Device("xpu", "pvc", "Intel(R) Data Center GPU Max 1550")], ids=lambda d: d.capability)
-@pytest.mark.parametrize("T", [2, 12], ids=["gemv", "grouped"])
+    Device("cuda", "sm_90", "NVIDIA H100 80GB HBM3"), Device("rocm", "gfx942", "AMD Instinct MI300X")],
+    ids=lambda d: d.capability)
+@pytest.mark.parametrize("T", [2, 9], ids=["gemv", "grouped"])
 def test_each_gpus_decode_gives_the_same_bits(device, T):
-    """fp8 conversion (sm_90), the fnuz view (gfx942) and integer ops (PVC, the interpreter) decode
-    exactly: fp32 results are bit-identical to the integer decode's."""
+    """fp8 conversion (sm_90) and the fnuz view (gfx942) decode exactly: fp32 results are bit-identical
+    to the integer decode's (sm_80, gfx90a, Intel, the interpreter)."""
     args, kw = make_inputs(T, 160, 72, 6, 2, torch.float32, "cpu", torch.Generator().manual_seed(T))
     with platform.simulate("cuda"):      # no capability on this machine: the integer decode
         base = OP(*args, **kw)
