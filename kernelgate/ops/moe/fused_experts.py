@@ -44,11 +44,10 @@ def _group_pairs(topk_ids: torch.Tensor, E: int):
     return order, counts, key[order] < E
 
 
-def fused_experts_native(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu",
-                         swiglu_limit=None):
-    """Routed SwiGLU experts reference: tokens grouped by expert, one fp32 matmul pair per hit expert."""
+def routed_swiglu(x, topk_weights, topk_ids, E, I, gate_up, down, swiglu_limit=None):
+    """The reference loop, for any weight storage: tokens grouped by expert, one fp32 matmul pair per
+    hit expert; gate_up(e) -> fp32 [2I, D] and down(e) -> fp32 [D, I] give expert e's weights."""
     T, D = x.shape
-    E, I = w_down.shape[0], w_down.shape[2]
     k = topk_ids.shape[1]
     out = torch.zeros(T, D, dtype=torch.float32, device=x.device)
     order, counts, _ = _group_pairs(topk_ids, E)
@@ -60,30 +59,44 @@ def fused_experts_native(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
         pairs = order[start:start + n]
         start += n
         tok = pairs // k
-        h = x[tok].float() @ w_gate_up[e].float().t()                 # [n, 2I]
-        y = _swiglu(h, I, swiglu_limit) @ w_down[e].float().t()      # [n, D]
+        h = x[tok].float() @ gate_up(e).t()                          # [n, 2I]
+        y = _swiglu(h, I, swiglu_limit) @ down(e).t()                # [n, D]
         out.index_add_(0, tok, y * flat_w[pairs, None])
     return out.to(x.dtype)
 
 
-def validate(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None):
-    checks.tensor(OP, "x", x, ndim=2, dtype=checks.FLOATS)
+def fused_experts_native(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu",
+                         swiglu_limit=None):
+    """Routed SwiGLU experts reference: tokens grouped by expert, one fp32 matmul pair per hit expert."""
+    return routed_swiglu(x, topk_weights, topk_ids, w_down.shape[0], w_down.shape[2],
+                         lambda e: w_gate_up[e].float(), lambda e: w_down[e].float(), swiglu_limit)
+
+
+def check_experts(op, x, w_gate_up, w_down, topk_weights, topk_ids, activation, swiglu_limit,
+                  weight_dtype=None):
+    """Shapes, dtypes and devices of an experts call whose weights are stored as `weight_dtype` (None: x's)."""
+    checks.tensor(op, "x", x, ndim=2, dtype=checks.FLOATS)
     T, D = x.shape
-    checks.tensor(OP, "w_gate_up", w_gate_up, ndim=3, dtype=x.dtype, device=x.device)
+    weight_dtype = weight_dtype or x.dtype
+    checks.tensor(op, "w_gate_up", w_gate_up, ndim=3, dtype=weight_dtype, device=x.device)
     E, I2 = w_gate_up.shape[0], w_gate_up.shape[1]
-    checks.require(I2 % 2 == 0 and I2 > 0, OP, f"w_gate_up dim 1 must be 2*I (even, > 0), got shape "
+    checks.require(I2 % 2 == 0 and I2 > 0, op, f"w_gate_up dim 1 must be 2*I (even, > 0), got shape "
                    f"{tuple(w_gate_up.shape)}")
-    checks.tensor(OP, "w_gate_up", w_gate_up, shape=(E, I2, D))
-    checks.tensor(OP, "w_down", w_down, ndim=3, dtype=x.dtype, shape=(E, D, I2 // 2), device=x.device)
-    checks.tensor(OP, "topk_ids", topk_ids, ndim=2, dtype=(torch.int32, torch.int64), device=x.device)
+    checks.tensor(op, "w_gate_up", w_gate_up, shape=(E, I2, D))
+    checks.tensor(op, "w_down", w_down, ndim=3, dtype=weight_dtype, shape=(E, D, I2 // 2), device=x.device)
+    checks.tensor(op, "topk_ids", topk_ids, ndim=2, dtype=(torch.int32, torch.int64), device=x.device)
     k = topk_ids.shape[1]
-    checks.require(topk_ids.shape[0] == T, OP, f"topk_ids shape {tuple(topk_ids.shape)} != (T={T}, k)")
-    checks.tensor(OP, "topk_weights", topk_weights, dtype=torch.float32, shape=(T, k), device=x.device)
-    checks.require(activation in ACTIVATIONS, OP, f"activation {activation!r} not in {ACTIVATIONS}")
+    checks.require(topk_ids.shape[0] == T, op, f"topk_ids shape {tuple(topk_ids.shape)} != (T={T}, k)")
+    checks.tensor(op, "topk_weights", topk_weights, dtype=torch.float32, shape=(T, k), device=x.device)
+    checks.require(activation in ACTIVATIONS, op, f"activation {activation!r} not in {ACTIVATIONS}")
     if swiglu_limit is not None:
         checks.require(isinstance(swiglu_limit, (int, float)) and not isinstance(swiglu_limit, bool)
-                       and swiglu_limit > 0, OP,
+                       and swiglu_limit > 0, op,
                        f"swiglu_limit must be None or a number > 0, got {swiglu_limit!r}")
+
+
+def validate(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None):
+    check_experts(OP, x, w_gate_up, w_down, topk_weights, topk_ids, activation, swiglu_limit)
 
 
 def check_values(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None):

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
-from .fused_experts_triton import _sum_k_kernel
+from .fused_experts_triton import sum_slots
 
 # Measured on the H200 (2026-11-30, Kimi shapes, CUDA graph, bench/fused_experts_gemv_sweep.py):
 # T1 38.5 us = 0.70 of the weight floor (grouped GEMM 40.5), T4 112.9 = 0.89 (grouped 113.7),
@@ -124,7 +124,4 @@ def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation=
     _down_kernel[(P, triton.cdiv(D, cfg["BLOCK_O"]))](
         h, w_down, topk_ids, topk_weights, y, D, I, E, k, *w_down.stride(), *topk_ids.stride(),
         *topk_weights.stride(), BLOCK_O=cfg["BLOCK_O"], BLOCK_K=cfg["BLOCK_K"], **warps)
-    ids = topk_ids.contiguous()                     # the sum kernel reads ids densely
-    block_d = min(1024, triton.next_power_of_2(D))
-    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, E, out.stride(0), k, BLOCK_D=block_d)
-    return out
+    return sum_slots(y, topk_ids.contiguous(), out, E)    # the sum kernel reads ids densely

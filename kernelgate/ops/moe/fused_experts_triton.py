@@ -13,6 +13,7 @@ run together (row-blocks vary fastest), so an expert's tile is read from HBM abo
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -46,11 +47,13 @@ _TUNE_MIN_WEIGHTS = 1 << 20   # D * I at which autotuning pays off (Kimi: 2304 *
 
 
 @functools.cache
-def _tuned(kernel):
+def _tuned(kernel, max_block_k: int = 256):
     """The autotuned kernel, built on first use (on a GPU only), keyed on problem shape and the
     bucket of pairs, so decode and prefill each get their own config. BLOCK_M follows from the
-    bucket (block_m_for), so steps of power-of-two token counts meet every key (engine/warmup.py)."""
-    return triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "P_BUCKET"])(kernel)
+    bucket (block_m_for), so steps of power-of-two token counts meet every key (engine/warmup.py).
+    max_block_k: configs with larger K tiles are left out (FP8 weights: a K tile in one scale block)."""
+    configs = [c for c in _configs() if c.kwargs["BLOCK_K"] <= max_block_k]
+    return triton.autotune(configs=configs, key=["N", "K", "BLOCK_M", "P_BUCKET"])(kernel)
 
 
 @triton.jit
@@ -151,6 +154,34 @@ def block_m_for(P: int, E: int) -> int:
     return 16 if avg <= 8 else 32 if avg <= 20 else 64
 
 
+class Routing(NamedTuple):
+    """(token, slot) pairs sorted by expert for the grouped GEMMs (moe_align)."""
+    ids: torch.Tensor            # topk_ids [T, k], dense
+    pairs: int                   # P = T * k
+    bucket: int                  # P's power-of-two bucket (autotune key)
+    block_m: int                 # rows per GEMM block (block_m_for the bucket)
+    sorted_pairs: torch.Tensor   # [num_blocks * block_m]
+    block_expert: torch.Tensor   # [num_blocks]
+
+
+def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
+    ids = topk_ids.contiguous()
+    P = ids.numel()
+    bucket = triton.next_power_of_2(P)
+    bm = block_m_for(bucket, num_experts)     # from the bucket: one BLOCK_M per autotune key
+    sorted_pairs, block_expert = moe_align(ids, num_experts, bm)
+    return Routing(ids, P, bucket, bm, sorted_pairs, block_expert)
+
+
+def sum_slots(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """out[t] = sum over slots j with a valid id of y[t*k + j] (fp32 [T*k, D] -> out [T, D], fixed order)."""
+    T, k = ids.shape
+    D = out.shape[1]
+    block_d = min(1024, triton.next_power_of_2(D))
+    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, num_experts, out.stride(0), k, BLOCK_D=block_d)
+    return out
+
+
 def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu",
                          swiglu_limit=None):
     T, D = x.shape
@@ -159,13 +190,10 @@ def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
     out = alloc.empty((T, D), x.dtype, x.device)
     if T == 0:
         return out
-    P = T * k
-    ids = topk_ids.contiguous()
+    r = route(topk_ids, E)
+    P, bucket, bm = r.pairs, r.bucket, r.block_m
     wts = topk_weights.contiguous()
-    bucket = triton.next_power_of_2(P)
-    bm = block_m_for(bucket, E)     # from the bucket: one BLOCK_M per autotune key
-    sorted_pairs, block_expert = moe_align(ids, E, bm)
-    nb = block_expert.numel()
+    nb = r.block_expert.numel()
     h = alloc.empty((P, I), x.dtype, x.device)
     y = alloc.empty((P, D), torch.float32, x.device)
     ieee = x.dtype == torch.float32 or interpreting()
@@ -174,13 +202,11 @@ def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
     down = _tuned(_down_kernel) if tune else _down_kernel
     meta = {} if tune else launch_config(platform.current())
     gate_up[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
-        x, w_gate_up, h, sorted_pairs, block_expert, P, I, D, bucket,
+        x, w_gate_up, h, r.sorted_pairs, r.block_expert, P, I, D, bucket,
         x.stride(0), x.stride(1), *w_gate_up.stride(),
         float(swiglu_limit) if swiglu_limit is not None else 0.0, k,
         HAS_LIMIT=swiglu_limit is not None, IEEE=ieee, BLOCK_M=bm, **meta)
     down[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
-        h, w_down, y, wts, sorted_pairs, block_expert, P, D, I, bucket, *w_down.stride(),
+        h, w_down, y, wts, r.sorted_pairs, r.block_expert, P, D, I, bucket, *w_down.stride(),
         IEEE=ieee, BLOCK_M=bm, **meta)
-    block_d = min(1024, triton.next_power_of_2(D))
-    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, E, out.stride(0), k, BLOCK_D=block_d)
-    return out
+    return sum_slots(y, r.ids, out, E)
