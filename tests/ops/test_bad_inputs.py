@@ -18,6 +18,8 @@ import torch
 from kernelgate import KernelgateError, ops, registry
 from kernelgate.ops.kda import kda_decode as kda_decode_mod
 from kernelgate.ops.kda import kda_prefill as kda_prefill_mod
+from kernelgate.ops.gdn import gdn_decode as gdn_decode_mod
+from kernelgate.ops.gdn import gdn_prefill as gdn_prefill_mod
 from kernelgate.ops.indexer import fp8_paged_mqa_logits as fp8_paged_mqa_logits_mod
 from kernelgate.ops.indexer import indexer_q as indexer_q_mod
 from kernelgate.ops.moe import fused_experts as fused_experts_mod
@@ -69,6 +71,22 @@ def prefill(slots, lens=None):
     return [*args[:7], slots], {}
 
 
+def gdn_prefill(slots, lens=None):
+    lens = lens or (3, 5, 2, 4)[:slots.shape[0]]
+    args = gdn_prefill_mod.gdn_inputs(list(lens), [0] * len(lens), 1, 2, 8, 8, "cpu", F32, _gen(4), pool=POOL)
+    return [*args[:7], slots], {}
+
+
+def gdn_decode(slots):
+    args, kw = gdn_decode_mod.decode_case(slots.shape[0], [0], HK=1, HV=2, K=8, V=8, pool=POOL).make("cpu", F32, _gen(2))
+    return [*args[:6], slots], kw
+
+
+def gdn_packed(slots):
+    args, kw = gdn_decode_mod.packed_case(slots.shape[0], [0], HK=1, HV=2, K=8, V=8, pool=POOL).make("cpu", F32, _gen(3))
+    return [*args[:6], slots, *args[7:]], kw
+
+
 # op -> (builder, position of slots, position of the state pool, positions of per-token args)
 SLOT_OPS = {
     "short_conv": (conv, 5, 3, (0,)),
@@ -76,6 +94,9 @@ SLOT_OPS = {
     "kda_decode": (decode, 6, 5, (0, 1, 2, 3, 4)),
     "kda_packed_decode": (packed, 6, 5, (0, 1, 2)),
     "kda_prefill": (prefill, 7, 5, (0, 1, 2, 3, 4)),
+    "gdn_decode": (gdn_decode, 6, 5, (0, 1, 2, 3, 4)),
+    "gdn_packed_decode": (gdn_packed, 6, 5, (0, 1, 2)),
+    "gdn_prefill": (gdn_prefill, 7, 5, (0, 1, 2, 3, 4)),
 }
 
 
@@ -108,8 +129,8 @@ def test_out_of_range_slot_is_skipped(op, plat, impl, bad, dtype):
     assert_close(a[sti], nat_args[sti], 1e-5, what="state")
     for s in (1, 3):  # slots the call does not own: bit-identical
         assert torch.equal(a[sti][s], before[s]), f"state slot {s} modified"
-    if op.startswith("kda"):  # a skipped sequence's output is zeros
-        rows = slice(3, 8) if op == "kda_prefill" else 1
+    if op.startswith(("kda", "gdn")):  # a skipped sequence's output is zeros
+        rows = slice(3, 8) if op.endswith("_prefill") else 1
         assert (out[rows] == 0).all()
 
 
@@ -131,7 +152,8 @@ BAD_CU = [
     ("decreasing", [0, 6, 2, 2], [1, 0, 2], (0, 6), [0, 6], [1],
      r"cu_seqlens\[2\] = 2 < cu_seqlens\[1\] = 6 \(must be non-decreasing\)"),
 ]
-CU_OPS = {"short_conv": (conv, 4, 5, 3, (0,)), "kda_prefill": (prefill, 6, 7, 5, (0, 1, 2, 3, 4))}
+CU_OPS = {"short_conv": (conv, 4, 5, 3, (0,)), "kda_prefill": (prefill, 6, 7, 5, (0, 1, 2, 3, 4)),
+          "gdn_prefill": (gdn_prefill, 6, 7, 5, (0, 1, 2, 3, 4))}
 
 
 @pytest.mark.parametrize("case", BAD_CU, ids=[c[0] for c in BAD_CU])
@@ -202,6 +224,9 @@ STRIDED = {   # op -> (builder, positions of the index / small tensors to pass a
     "kda_decode": (decode, (6,)),
     "kda_packed_decode": (packed, (3, 4, 6)),    # A_log, dt_bias, slots
     "kda_prefill": (prefill, (6, 7)),
+    "gdn_decode": (gdn_decode, (6,)),
+    "gdn_packed_decode": (gdn_packed, (3, 4, 6)),    # A_log, dt_bias, slots
+    "gdn_prefill": (gdn_prefill, (6, 7)),
 }
 
 

@@ -119,6 +119,46 @@ def gen_kda_prefill(r):
     return args, dict(qk_l2norm=r.random() < 0.8), 5, 7
 
 
+def gen_gdn_gate(r):
+    T, HV = r.randrange(0, 9), r.randrange(1, 7)
+    return [_rand(r, T, HV, scale=4.0), _rand(r, HV), _rand(r, HV)], {}, None, None
+
+
+def _gdn_heads(r):
+    HK = r.randrange(1, 3)
+    return HK, HK * r.choice([1, 2, 4]), r.choice([1, 5, 16]), r.choice([1, 7, 16])
+
+
+def gen_gdn_decode(r):
+    N, (HK, HV, K, V) = r.randrange(0, 5), _gdn_heads(r)
+    pool = N + r.randrange(0, 3)
+    args = [_rand(r, N, HK, K), _rand(r, N, HK, K), _rand(r, N, HV, V), _decay(r, N, HV),
+            torch.sigmoid(_rand(r, N, HV)), _rand(r, pool, HV, K, V, scale=0.3), _idx(_slots(r, N, pool), r)]
+    return args, dict(scale=r.choice([None, 0.3]), qk_l2norm=r.random() < 0.8), 5, 6
+
+
+def gen_gdn_packed_decode(r):
+    N, (HK, HV, K, V) = r.randrange(0, 5), _gdn_heads(r)
+    pool = N + r.randrange(0, 3)
+    args = [_rand(r, N, 2 * HK * K + HV * V), _rand(r, N, HV, scale=3.0), _rand(r, N, HV), _rand(r, HV) - 1.0,
+            _rand(r, HV), _rand(r, pool, HV, K, V, scale=0.3), _idx(_slots(r, N, pool), r), HK, HV, K]
+    return args, dict(scale=r.choice([None, 0.3])), 5, 6
+
+
+def gen_gdn_prefill(r):
+    N, (HK, HV, K, V) = r.randrange(1, 4), _gdn_heads(r)
+    pool = N + r.randrange(0, 3)
+    lens = [r.choice([0, 1, 5, 17, 66]) for _ in range(N)]
+    cu, T = _cu(r, lens)
+    l2 = r.random() < 0.8
+    q, k = _rand(r, T, HK, K), _rand(r, T, HK, K)
+    if not l2:   # unit keys: the unnormalised delta rule stays contractive
+        q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+    args = [q, k, _rand(r, T, HV, V), _decay(r, T, HV), torch.sigmoid(_rand(r, T, HV)),
+            _rand(r, pool, HV, K, V, scale=0.3), _idx(cu, r), _idx(_slots(r, N, pool), r)]
+    return args, dict(qk_l2norm=l2), 5, 7
+
+
 def gen_biased_grouped_topk(r):
     n_group, G = r.choice([(1, 6), (1, 16), (4, 4), (3, 5), (8, 4)])
     E = n_group * G
