@@ -38,7 +38,7 @@ log = logging.getLogger("kernelgate.engine")
 
 
 class QueueFull(KernelgateError):
-    """Too many requests waiting; the server answers 503."""
+    """Too many requests waiting; the server answers 429."""
 
 
 class EngineStopped(KernelgateError):
@@ -142,8 +142,8 @@ class AsyncEngine:
                 raise EngineStopped(f"engine: not accepting requests ({self.dead or 'shutting down'})")
             queued = len(self._tracked) - self._running
             if queued + len(new) > self.max_queued:
-                raise QueueFull(f"engine: {max(queued, 0)} requests are waiting for a slot and this one brings "
-                                f"{len(new)} (at most {self.max_queued} wait); retry later")
+                raise QueueFull(f"engine: {max(queued, 0)} requests are already waiting for a slot and this one "
+                                f"brings {len(new)} (at most {self.max_queued} wait); retry later")
             ids = [rid for rid, _ in new]
             clash = next((rid for rid in ids if rid in self._tracked), None)
             if clash is not None or len(set(ids)) != len(ids):

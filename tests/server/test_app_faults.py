@@ -62,7 +62,7 @@ def test_full_queue_answers_429_then_recovers():
         first = [asyncio.create_task(c.post("/v1/completions", json=body)) for _ in range(2)]
         await asyncio.sleep(0.2)
         r = await c.post("/v1/completions", json=body)
-        e = err(r, 429, text="2 requests are waiting for a slot and this one brings 1 (at most 2 wait)")
+        e = err(r, 429, text="2 requests are already waiting for a slot and this one brings 1 (at most 2 wait)")
         assert e["type"] == "rate_limit_exceeded" and r.headers["retry-after"] == "1"
         fake.gate.set()
         assert [(await t).status_code for t in first] == [200, 200]
