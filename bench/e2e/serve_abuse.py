@@ -67,13 +67,14 @@ def start_server(a, log_path: str):
     port = free_port()
     cmd = [sys.executable, "-m", "kernelgate", "serve", "--port", str(port), "--max-num-seqs", "32",
            "--max-model-len", "1024", "--log-level", "warning"] + (["--model", a.model] if a.model else [])
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "w") as log:      # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited with rc {proc.returncode}:\n{open(log_path).read()[-3000:]}")
+            with open(log_path) as f:
+                raise SystemExit(f"server exited with rc {proc.returncode}:\n{f.read()[-3000:]}")
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                 return proc, base
@@ -234,7 +235,8 @@ def main() -> int:
               "same greedy answer before and after": res["same_greedy_answer"],
               "health 200 after": res["health_after"] == 200}
     if proc is not None:
-        text = open(log_path).read()
+        with open(log_path) as f:
+            text = f.read()
         res["server_rc"] = rc
         checks["server stopped with rc 0, no traceback in its log"] = rc == 0 and "Traceback" not in text
     print(f"{a.clients} clients against {base}: all answered in {res['clients_s']} s; "

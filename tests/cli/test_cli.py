@@ -117,7 +117,7 @@ def test_version(capsys):
     (["serve", "--max-queued-requests", "0"], "argument --max-queued-requests: must be >= 1, got 0"),
     (["serve", "--host", "no-such-host.invalid", "--port", "8123"], "serve: cannot listen on no-such-host.invalid:8123"),
     (["bench", "gated_rms_norm", "--impl", "nope", "--no-compile"],
-     "bench: gated_rms_norm has no implementation named 'nope' (known: native, triton, fla, native-compiled)"),
+     ("bench: gated_rms_norm has no implementation named 'nope' (known: native, triton, fla, native-compiled)")),
     (["bench", "gated_rms_norm", "--case", "nope", "--no-compile"], "bench: gated_rms_norm has no bench case named 'nope'"),
     (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
 ], ids=lambda v: "-".join(v) if isinstance(v, list) else None)
@@ -210,9 +210,9 @@ def test_bad_environment_is_read_where_used_not_at_import():
     import sys
     env = {**__import__("os").environ, "KERNELGATE_CHECKS": "banana"}
     code = "import sys; from kernelgate import cli; rc = cli.main(['--version']); print('torch' in sys.modules); sys.exit(rc)"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert p.returncode == 0 and p.stdout.split() == ["kernelgate", __import__("kernelgate").__version__, "False"], p
     code = ("import kernelgate.ops, kernelgate.engine.engine, kernelgate.server.app, kernelgate.registry; "
             "from kernelgate import cli; raise SystemExit(cli.main(['doctor']))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert p.returncode == 2 and p.stderr == "kernelgate: error: KERNELGATE_CHECKS='banana': expected 0 or 1\n", p

@@ -15,10 +15,10 @@ import pytest
 import kernelgate
 from kernelgate.cli.model import BUILTIN, builtin_model
 from kernelgate.engine.engine import Engine
-from kernelgate.serving.async_engine import AsyncEngine
 from kernelgate.server.app import create_app
 from kernelgate.server.jobs import ModelInfo
 from kernelgate.server.metrics import Metrics
+from kernelgate.serving.async_engine import AsyncEngine
 
 QUEUE, LEN = 4, 512
 
