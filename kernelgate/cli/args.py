@@ -58,6 +58,15 @@ def int_at_least(lo: int):
     return parse
 
 
+def int_in(lo: int, hi: int):
+    def parse(s: str) -> int:
+        v = int_at_least(-2**63)(s)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}], got {v}")
+        return v
+    return parse
+
+
 def float_in(lo: float, hi: float, lo_open: bool = False):
     def parse(s: str) -> float:
         try:

@@ -59,10 +59,31 @@ def bench(args) -> int:
     from .progress import Progress
     names = sorted(registry.ops()) if args.op == "all" else [args.op]
     _known(names, "bench")
+    # every name asked for is checked before anything is measured
+    for flag, asked, known in (("implementation", args.impl, [i for n in names for i in (*registry.get(n).impls,
+                                                                                        "native-compiled")]),
+                               ("bench case", args.case, [c.id for n in names for c in registry.get(n).bench_cases()])):
+        missing = [a for a in asked or [] if a not in known]
+        if missing:
+            raise KernelgateError(f"bench: {args.op} has no {flag} named {missing[0]!r} "
+                                  f"(known: {', '.join(dict.fromkeys(known))})")
+    from .. import platform
+    plat = platform.current()
+    native_compiled = not args.no_compile and platform.default_device().type != "cpu"
+    runnable, why = {}, []
+    for name in names:
+        impls = [i for i in registry.get(name).impls.values() if not args.impl or i.name in args.impl]
+        why += [f"{i.name}: {i.unavailable(plat)}" for i in impls if i.unavailable(plat)]
+        runnable[name] = any(not i.unavailable(plat) for i in impls) or (
+            native_compiled and (not args.impl or "native-compiled" in args.impl))
+    if not any(runnable.values()):     # before anything is measured or written
+        raise KernelgateError(f"bench: no implementation of {args.op} runs on this platform"
+                              + (f" ({'; '.join(why[:4])})" if why else ""))
+    wrote = 0
     for name in names:
         cases = [c.id for c in registry.get(name).bench_cases() if not args.case or c.id in args.case]
-        if not cases:
-            raise KernelgateError(f"bench: {name} has no bench case named {', '.join(args.case)}")
+        if not cases or not runnable[name]:
+            continue
         result = None
         # one case at a time, so a long run shows where it is; the copy bandwidth (the
         # reference for GB/s) is measured once, not once per case
@@ -79,9 +100,14 @@ def bench(args) -> int:
                     bar.advance(1)
         finally:
             benchmark.copy_bandwidth = measure
+        if not result["rows"]:        # nothing ran here: the results saved before stay
+            continue
         j, m = benchmark.write(result, args.out)
+        wrote += 1
         print(benchmark.markdown(result))
         print(f"wrote {j} and {m}")
+    if not wrote:
+        raise KernelgateError(f"bench: no implementation of {args.op} took any of its cases here; nothing written")
     return 0
 
 

@@ -1,5 +1,8 @@
-"""A progress bar on stderr for long commands (rich), silent when asked or unavailable."""
+"""A progress bar on stderr for long commands (rich) on a terminal; silent when asked, when
+stderr is a file or pipe (a log gets no bar frames), or without rich."""
 from __future__ import annotations
+
+import sys
 
 
 class Progress:
@@ -8,7 +11,7 @@ class Progress:
         self.bar = self.task = None
 
     def __enter__(self) -> Progress:
-        if self.quiet:
+        if self.quiet or not sys.stderr.isatty():
             return self
         try:
             from rich.console import Console

@@ -6,6 +6,9 @@
 The engine runs in a process of its own (engine/core_process.py; --no-engine-process: on a
 thread of the server). SIGINT / SIGTERM: stop accepting connections, let running requests finish for up to
 --shutdown-timeout seconds, abort the rest, exit with rc 0.
+
+The listening socket is bound first, before the model loads: a port in use or a host that
+does not resolve is one line and rc 2 at once, as is any other failure to start.
 """
 from __future__ import annotations
 
@@ -24,13 +27,14 @@ def add_parser(sub, common) -> None:
     common(p)
     flags.add_model_args(p)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=flags.int_at_least(0), default=8000)
+    p.add_argument("--port", type=flags.int_in(1, 65535), default=8000)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* "
                                      "(default: $KERNELGATE_API_KEY, else none)")
     p.add_argument("--served-model-name", help="the model name clients send (default: the folder name, "
                                                "or kernelgate-builtin)")
-    p.add_argument("--max-queued-requests", type=flags.int_at_least(0), default=1024,
-                   help="requests allowed to wait for a slot; more answer 503 (default 1024)")
+    p.add_argument("--max-queued-requests", type=flags.int_at_least(1), default=1024,
+                   help="engine requests allowed to wait for a slot (each prompt x n choice of an HTTP request "
+                        "counts); a request that would pass it answers 429 (default 1024)")
     p.add_argument("--shutdown-timeout", type=flags.float_in(0.0, 3600.0), default=10.0,
                    help="seconds running requests get to finish on SIGINT / SIGTERM (default 10)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -77,7 +81,34 @@ def build_engine(args):
                     "eos_token_ids": list(model.config.eos_token_ids)}
 
 
+def _listen(host: str, port: int):
+    """The server's socket, bound now (uvicorn serves on it)."""
+    import socket
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise KernelgateError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise KernelgateError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def main(args) -> int:
+    sock = _listen(args.host, args.port)
+    try:
+        return _main(args, sock)
+    finally:
+        sock.close()
+
+
+def _main(args, sock) -> int:
     from pathlib import Path
 
     import uvicorn
@@ -116,7 +147,13 @@ def main(args) -> int:
     print(f"kernelgate serve: {got['source']} as {name!r} on http://{args.host}:{args.port}/v1 "
           f"(max_model_len {engine_config.max_model_len}, engine in {where})", file=sys.stderr, flush=True)
     freeze_heap()    # this process holds torch and the tokenizer too: no long collection mid-burst
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as e:          # uvicorn's way out of a failed start-up (its log says why)
+        if got_signal:
+            return 0
+        raise KernelgateError(f"serve: the HTTP server failed to start on {args.host}:{args.port} "
+                              f"(uvicorn exit {e.code})") from None
     if not server.started and not got_signal:
         raise KernelgateError(f"serve: could not start on {args.host}:{args.port} (see the log above)")
     return 0

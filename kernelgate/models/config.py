@@ -4,7 +4,11 @@ The released checkpoints (moonshotai/Kimi-Linear-*) and HF transformers' `KimiLi
 name the same fields differently (`num_experts` / `num_local_experts`, ...); both are read.
 Layer kinds come from `layer_types` (HF) or `linear_attn_config.kda_layers` /
 `full_attn_layers` (released, 1-indexed); MLP kinds from `mlp_layer_types` (HF) or
-`first_k_dense_replace` (+ `moe_layer_freq`).
+`first_k_dense_replace` (+ `moe_layer_freq`). `to_checkpoint()` writes the released names
+(with HF's per-layer lists), which `from_dict` reads back to the same config, field for field.
+
+Sizes are checked when the config is made, with upper bounds (`MAX_SIZE`, `MAX_LAYERS`) so
+that a config meant for nothing real fails at once rather than after minutes of building.
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ _POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_interme
                   "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "linear_num_heads",
                   "linear_head_dim", "conv_kernel_size", "num_experts", "num_experts_per_token", "n_group",
                   "topk_group")
+
+
+MAX_SIZE = 2**31 - 1           # any one dimension (kernels index with int32)
+MAX_LAYERS = 100_000           # far past any model; per-layer lists stay small
 
 
 def _is_int(x) -> bool:
@@ -84,12 +92,12 @@ class KimiLinearConfig:
             self.layer_types = ["mla" if (i + 1) % 4 == 0 else "kda" for i in range(n)]
         if not self.mlp_types:
             self.mlp_types = ["dense" if i < 1 else "moe" for i in range(n)]
-        bad = [t for t in self.layer_types if t not in ("kda", "mla")]
-        if len(self.layer_types) != n or bad:
-            raise KernelgateError(f"config: layer_types must be {n} entries of 'kda'/'mla', got {self.layer_types}")
-        bad = [t for t in self.mlp_types if t not in ("dense", "moe")]
-        if len(self.mlp_types) != n or bad:
-            raise KernelgateError(f"config: mlp_types must be {n} entries of 'dense'/'moe', got {self.mlp_types}")
+        for name, kinds in (("layer_types", ("kda", "mla")), ("mlp_types", ("dense", "moe"))):
+            v = getattr(self, name)
+            bad = [(i, t) for i, t in enumerate(v) if t not in kinds]
+            if len(v) != n or bad:
+                raise KernelgateError(f"config: {name} must be {n} entries of {'/'.join(map(repr, kinds))}, "
+                                      f"got {_short(v, bad)}")
         if self.num_experts % self.n_group:
             raise KernelgateError(f"config: num_experts {self.num_experts} not divisible by n_group {self.n_group}")
         # values that would otherwise fail only at an op's first call
@@ -108,22 +116,24 @@ class KimiLinearConfig:
             raise KernelgateError(f"config: hidden_act {self.hidden_act!r} is not supported (only 'silu')")
         if self.conv_kernel_size < 2:
             raise KernelgateError(f"config: short_conv_kernel_size must be >= 2, got {self.conv_kernel_size}")
-        bad = [t for t in self.eos_token_ids if not _is_int(t) or not 0 <= t < self.vocab_size]
+        bad = [(i, t) for i, t in enumerate(self.eos_token_ids) if not _is_int(t) or not 0 <= t < self.vocab_size]
         if bad:
             raise KernelgateError(f"config: eos_token_id must be int token ids in [0, {self.vocab_size}), "
-                                  f"got {self.eos_token_ids!r}")
+                                  f"got {_short(self.eos_token_ids, bad)}")
 
     def _check_types(self) -> None:
         for name in _POSITIVE_INTS:
             v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise KernelgateError(f"config: {name} must be a positive int, got {type(v).__name__} {v!r}")
+            if not _is_int(v) or not 1 <= v <= MAX_SIZE:
+                raise KernelgateError(f"config: {name} must be an int in [1, {MAX_SIZE}], got {type(v).__name__} {v!r}")
+        _check_layers(self.num_hidden_layers)
         for name in ("qk_rope_head_dim", "num_shared_experts"):
             v = getattr(self, name)
-            if not _is_int(v) or v < 0:
-                raise KernelgateError(f"config: {name} must be an int >= 0, got {type(v).__name__} {v!r}")
-        if self.q_lora_rank is not None and (not _is_int(self.q_lora_rank) or self.q_lora_rank < 1):
-            raise KernelgateError(f"config: q_lora_rank must be null or a positive int, got {self.q_lora_rank!r}")
+            if not _is_int(v) or not 0 <= v <= MAX_SIZE:
+                raise KernelgateError(f"config: {name} must be an int in [0, {MAX_SIZE}], got {type(v).__name__} {v!r}")
+        if self.q_lora_rank is not None and (not _is_int(self.q_lora_rank) or not 1 <= self.q_lora_rank <= MAX_SIZE):
+            raise KernelgateError(f"config: q_lora_rank must be null or an int in [1, {MAX_SIZE}], "
+                                  f"got {self.q_lora_rank!r}")
         for name in ("rms_norm_eps", "routed_scaling_factor"):
             v = getattr(self, name)
             if not _is_number(v) or not math.isfinite(v) or v <= 0:
@@ -136,6 +146,8 @@ class KimiLinearConfig:
                 raise KernelgateError(f"config: {name} must be a string, got {getattr(self, name)!r}")
         if self.bos_token_id is not None and not _is_int(self.bos_token_id):
             raise KernelgateError(f"config: bos_token_id must be an int, got {self.bos_token_id!r}")
+        if self.dtype is not None and not isinstance(self.dtype, str):
+            raise KernelgateError(f"config: dtype must be a string, got {self.dtype!r}")
         if not isinstance(self.layer_types, list) or not isinstance(self.mlp_types, list) \
                 or not isinstance(self.eos_token_ids, list):
             raise KernelgateError("config: layer_types, mlp_types and eos_token_ids must be lists")
@@ -162,8 +174,7 @@ class KimiLinearConfig:
                     kw[ours] = d[nm]
                     break
         n = kw.get("num_hidden_layers", cls.num_hidden_layers)
-        if not _is_int(n) or n < 1:
-            raise KernelgateError(f"config: num_hidden_layers must be a positive int, got {type(n).__name__} {n!r}")
+        _check_layers(n)
         lin = d.get("linear_attn_config") or {}
         if not isinstance(lin, dict):
             raise KernelgateError(f"config: linear_attn_config must be an object, got {lin!r}")
@@ -215,6 +226,38 @@ class KimiLinearConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_checkpoint(self) -> dict:
+        """config.json for this config: the released names (`moe_router_activation_func`,
+        `linear_attn_config`, ...) and HF's per-layer lists; `from_dict` reads it back equal."""
+        d = {"model_type": "kimi_linear"}
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                     "rms_norm_eps", "hidden_act", "tie_word_embeddings", "num_attention_heads", "kv_lora_rank",
+                     "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "topk_group",
+                     "routed_scaling_factor", "bos_token_id"):
+            d[name] = getattr(self, name)
+        for ours, names in _ALIASES.items():
+            d[names[0]] = getattr(self, ours)
+        d["linear_attn_config"] = {"num_heads": self.linear_num_heads, "head_dim": self.linear_head_dim,
+                                   "short_conv_kernel_size": self.conv_kernel_size}
+        d["layer_types"] = [{"kda": "linear_attention", "mla": "full_attention"}[t] for t in self.layer_types]
+        d["mlp_layer_types"] = [{"moe": "sparse"}.get(t, t) for t in self.mlp_types]
+        d["eos_token_id"] = list(self.eos_token_ids)
+        d["dtype"] = self.dtype
+        return d
+
+
+def _short(v: list, bad: list) -> str:
+    """A list for an error message: whole when short, else its length and first wrong entries."""
+    if len(v) <= 8:
+        return repr(v)
+    shown = ", ".join(f"[{i}]={t!r:.40}" for i, t in bad[:3])
+    return f"{len(v)} entries" + (f" ({shown}{' ...' if len(bad) > 3 else ''})" if bad else "")
+
+
+def _check_layers(n) -> None:
+    if not _is_int(n) or not 1 <= n <= MAX_LAYERS:
+        raise KernelgateError(f"config: num_hidden_layers must be an int in [1, {MAX_LAYERS}], got {type(n).__name__} {n!r}")
 
 
 def tiny(**overrides) -> KimiLinearConfig:

@@ -265,29 +265,64 @@ def load_weights(model: KimiLinearForCausalLM, source) -> None:
     """Fill the model's parameters from a checkpoint folder, or a dict of tensors in either
     layout, one source tensor at a time straight into its parameter (or slice of one). A
     tensor-parallel shard (model.par) reads only its rows / columns of each tensor."""
-    ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
-    ckpt.folder = "tensors" if isinstance(source, dict) else source
-    specs = shard_specs(model)
+    ckpt = _open(source)
     try:
-        plan = _plan(model, ckpt)
-        jobs = [(src, piece) for name, p, sources in plan for src, idx in sources
-                for piece in _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx)]
-        nbytes = [ckpt.nbytes(src) * (1 if sd is None else (b - a) / ckpt.shape(src)[sd])
-                  for src, (_, sd, a, b) in jobs]
-        update, close = _progress(int(sum(nbytes)))
-        stager = Stager(model.device)
-        try:
-            for (src, (dest, sd, a, b)), nb in zip(jobs, nbytes):
-                if sd is None:
-                    ckpt.copy(src, dest, stager)
-                else:
-                    ckpt.copy_slice(src, dest, sd, a, b, stager)
-                update(int(nb))
-            stager.finish()
-        finally:
-            close()
+        _fill(model, ckpt)
     finally:
         ckpt.close()
+
+
+def _open(source):
+    ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
+    ckpt.folder = "tensors" if isinstance(source, dict) else source
+    return ckpt
+
+
+def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
+    specs = shard_specs(model)
+    plan = _plan(model, ckpt)
+    jobs = [(src, piece) for name, p, sources in plan for src, idx in sources
+            for piece in _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx)]
+    nbytes = [ckpt.nbytes(src) * (1 if sd is None else (b - a) / ckpt.shape(src)[sd])
+              for src, (_, sd, a, b) in jobs]
+    update, close = _progress(int(sum(nbytes)))
+    stager = Stager(model.device)
+    try:
+        for (src, (dest, sd, a, b)), nb in zip(jobs, nbytes):
+            if sd is None:
+                ckpt.copy(src, dest, stager)
+            else:
+                ckpt.copy_slice(src, dest, sd, a, b, stager)
+            update(int(nb))
+        stager.finish()
+    finally:
+        close()
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_sizes(config: KimiLinearConfig, ckpt, par: Parallel = SINGLE, dtype=torch.float32) -> None:
+    """The config against the checkpoint's tensor headers, before any parameter is allocated:
+    its layer count first (from the tensor names: no model is built for a config of 100,000
+    layers over a 4-layer checkpoint), then every parameter's shape on a model built on the
+    meta device (no memory)."""
+    layers = sorted({int(m.group(1)) for n in ckpt.where if (m := _LAYER.match(n))})
+    if layers != list(range(config.num_hidden_layers)):
+        held = f"layers {layers[0]}..{layers[-1]} ({len(layers)} of them)" if layers else "no layers"
+        raise KernelgateError(f"load_model: config.json says num_hidden_layers {config.num_hidden_layers}; "
+                              f"the checkpoint {ckpt.folder} holds {held}")
+    # the sizes that multiply the work of matching names (a recipe per expert) come first
+    want = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size)}
+    for i, kind in enumerate(config.mlp_types):
+        if kind == "moe":
+            want[f"model.layers.{i}.mlp.gate.weight"] = (config.num_experts, config.hidden_size)
+    bad = [f"{n}: checkpoint {ckpt.shape(n)} != config {s}" for n, s in want.items()
+           if n in ckpt and not _fits(ckpt.shape(n), s)]
+    if bad:
+        raise KernelgateError(f"load_model: checkpoint {ckpt.folder} does not match config.json: " + "; ".join(bad[:4])
+                              + (f" ... and {len(bad) - 4} more" if len(bad) > 4 else ""))
+    _plan(build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt)
 
 
 def _dtype(dtype, config: KimiLinearConfig) -> torch.dtype:
@@ -335,9 +370,15 @@ def load_model(path, device=None, dtype=None, par: Parallel = SINGLE) -> KimiLin
         raise KernelgateError(f"load_model: {path} is not a folder")
     config = KimiLinearConfig.from_file(folder)
     dt = _dtype(dtype, config)
-    model = build(config, device=_device(device), dtype=dt, seed=None, par=par)
-    with torch.no_grad():
-        load_weights(model, folder)
+    dev = _device(device)
+    ckpt = _open(folder)
+    try:
+        check_sizes(config, ckpt, par, dt)
+        model = build(config, device=dev, dtype=dt, seed=None, par=par)
+        with torch.no_grad():
+            _fill(model, ckpt)
+    finally:
+        ckpt.close()
     model.tokenizer = load_tokenizer(folder)
     return model
 
@@ -348,7 +389,7 @@ def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
     from safetensors.torch import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = model.config.to_dict()
+    cfg = model.config.to_checkpoint()
     cfg["dtype"] = str(model.dtype).replace("torch.", "")
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}, str(folder / "model.safetensors"))

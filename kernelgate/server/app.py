@@ -8,7 +8,14 @@
 
 Every error is an OpenAI error body ({"error": {"message", "type", "param", "code"}}) with
 its status; an unexpected exception is logged here with its traceback and answered 500
-with a one-line message, never the traceback.
+with a one-line message, never the traceback (no request body reaches it: a body that is
+not JSON, not UTF-8, nested past the parser or over `MAX_BODY_BYTES` is 400 / 413).
+
+Work is bounded per request and per server: a request's prompts x n choices are admitted
+together, each counted against the engine's queue bound (over it: 429 with Retry-After), at
+most `protocol.MAX_CHOICES` (and no more than the queue holds: 400); every one of them is
+aborted as soon as the client disconnects (streaming or not, even while none has produced a
+token) or the request fails.
 
 Plain Starlette rather than FastAPI: request bodies are parsed and validated here
 (server/protocol.py), so FastAPI's layer would add only dependencies (FastAPI >= 0.16x pulls
@@ -25,10 +32,9 @@ import time
 import uuid
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..serving.async_engine import AsyncEngine, EngineStopped, QueueFull, RequestRejected
@@ -36,14 +42,19 @@ from ..text.detokenizer import Detokenizer
 from .jobs import ModelInfo, chat_jobs, completion_jobs
 from .logprobs import LogprobsFormatter
 from .metrics import Metrics
-from .protocol import APIError, ChatRequest, CompletionRequest, num_logprobs, parse
+from .protocol import MAX_CHOICES, APIError, ChatRequest, CompletionRequest, num_logprobs, parse
 from .responses import Responder, collect, deltas
 
 log = logging.getLogger("kernelgate.server")
 
+MAX_BODY_BYTES = 64 << 20     # a request body (a prompt of a million token ids is ~8 MB of JSON)
+
 
 def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: str | None = None,
-               shutdown_timeout: float = 10.0) -> Starlette:
+               shutdown_timeout: float = 10.0, max_choices: int = MAX_CHOICES) -> Starlette:
+    """max_choices: most prompts x n of one request (also at most the engine's queue bound)."""
+    limit = min(max_choices, engine.max_queued)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
@@ -52,7 +63,7 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
     created = int(time.time())
 
     async def _api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     async def _http_error(request: Request, e: StarletteHTTPException):
         return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
@@ -86,13 +97,13 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
     async def completions(request: Request):
         auth(request)
         req = parse(CompletionRequest, await _json(request))
-        jobs = completion_jobs(info, req)
+        jobs = completion_jobs(info, req, limit)
         return await _serve(request, req, jobs, chat=False, echo=req.echo)
 
     async def chat(request: Request):
         auth(request)
         req = parse(ChatRequest, await _json(request))
-        return await _serve(request, req, chat_jobs(info, req), chat=True, echo=False)
+        return await _serve(request, req, chat_jobs(info, req, limit), chat=True, echo=False)
 
     async def _serve(request: Request, req, jobs: list, chat: bool, echo: bool):
         include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
@@ -103,42 +114,28 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
         gens = [deltas(s, Detokenizer(info.tokenizer, j.stop, req.skip_special_tokens))
                 for s, j in zip(streams, jobs)]
 
-        async def abort_all():    # (async: Starlette runs a plain function on its thread pool)
+        def abort_all():
             for s in streams:
                 s.abort()
 
         if req.stream:
-            # the background task runs after the response ends, a client disconnect included
-            return StreamingResponse(resp.stream(gens), media_type="text/event-stream",
-                                     background=BackgroundTask(abort_all))
-        task = asyncio.ensure_future(collect(gens))
+            return EventStream(resp.stream(gens), abort_all)
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.25)
-                if done:
-                    return JSONResponse(resp.body(task.result()))
-                if await request.is_disconnected():
-                    task.cancel()
-                    return Response(status_code=499)
+            answer = await _unless_disconnected(request.receive, collect(gens))
         finally:
-            await abort_all()
+            abort_all()
+        return Response(status_code=499) if answer is None else JSONResponse(resp.body(answer))
 
     async def _admit(rid: str, jobs: list) -> list:
-        streams = []
+        tag = uuid.uuid4().hex[:6]
         try:
-            for i, j in enumerate(jobs):
-                streams.append(await engine.add_request(f"{rid}-{i}-{uuid.uuid4().hex[:6]}", j.prompt_ids, j.params))
-        except BaseException as e:
-            for s in streams:
-                s.abort()
-            if isinstance(e, QueueFull):
-                raise APIError(503, str(e)) from None
-            if isinstance(e, EngineStopped):
-                raise APIError(503, str(e)) from None
-            if isinstance(e, RequestRejected):
-                raise APIError(400, str(e)) from None
-            raise
-        return streams
+            return await engine.add_requests([(f"{rid}-{i}-{tag}", j.prompt_ids, j.params) for i, j in enumerate(jobs)])
+        except QueueFull as e:
+            raise APIError(429, str(e), headers={"Retry-After": "1"}) from None
+        except EngineStopped as e:
+            raise APIError(503, str(e)) from None
+        except RequestRejected as e:
+            raise APIError(400, str(e)) from None
 
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_text, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]), Route("/v1/completions", completions, methods=["POST"]),
@@ -148,8 +145,67 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
 
 
 async def _json(request: Request):
-    raw = await request.body()
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body of {int(size)} bytes is over the server's {MAX_BODY_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise APIError(413, f"request body is over the server's {MAX_BODY_BYTES} bytes")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        return json.loads(bytes(raw))
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"request body is not valid UTF-8 text: {e}") from None
+    except RecursionError:
+        raise APIError(400, "request body is not valid JSON: nested too deeply") from None
+    except ValueError as e:
         raise APIError(400, f"request body is not valid JSON: {e}") from None
+
+
+async def _until_disconnect(receive) -> None:
+    """Returns when the client has gone (the body is read: the server's next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(receive, work):
+    """work's result, or None (work cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        return None
+    finally:
+        for t in (task, gone):
+            t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+
+
+class EventStream(Response):
+    """An SSE response whose `on_close` (aborting the request's jobs) runs however it ends: its
+    last chunk, a failure, or the client disconnecting -- noticed at once, even while no chunk
+    is due (a queued job produces none), not only when a write fails."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks, on_close):
+        self.status_code, self.background = 200, None
+        self.init_headers(None)           # no body: no content-length
+        self.chunks, self.on_close = chunks, on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def body():
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            await _unless_disconnected(receive, body())
+        except OSError:              # the client went away mid-write
+            pass
+        finally:
+            self.on_close()
+            await self.chunks.aclose()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from ..engine.params import SamplingParams
 from ..errors import KernelgateError
-from .protocol import ChatRequest, CompletionRequest, bad, message_text, num_logprobs, stop_strings
+from .protocol import MAX_CHOICES, ChatRequest, CompletionRequest, bad, message_text, num_logprobs, stop_strings
 
 
 @dataclass
@@ -73,12 +73,21 @@ def _check_model(info: ModelInfo, r) -> None:
         raise bad("model", f"unknown model {r.model!r}; this server serves {info.name!r}")
 
 
-def completion_jobs(info: ModelInfo, r: CompletionRequest) -> list[Job]:
+def check_choices(prompts: int, n: int, limit: int = MAX_CHOICES) -> None:
+    """A request's engine jobs (prompts x n), bounded before any prompt is tokenized."""
+    if prompts * n > limit:
+        raise bad("prompt" if prompts > 1 else "n", f"{prompts} prompt(s) x n {n} = {prompts * n} choices; this "
+                                                    f"server takes at most {limit} per request")
+
+
+def completion_jobs(info: ModelInfo, r: CompletionRequest, limit: int = MAX_CHOICES) -> list[Job]:
+    """limit: most choices (prompts x n) of one request."""
     _check_model(info, r)
     p = r.prompt
     prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
     if not prompts:
         raise bad("prompt", "must not be empty")
+    check_choices(len(prompts), r.n, limit)
     tok = info.tokenizer
     jobs = []
     for i, one in enumerate(prompts):
@@ -96,8 +105,9 @@ def completion_jobs(info: ModelInfo, r: CompletionRequest) -> list[Job]:
     return jobs
 
 
-def chat_jobs(info: ModelInfo, r: ChatRequest) -> list[Job]:
+def chat_jobs(info: ModelInfo, r: ChatRequest, limit: int = MAX_CHOICES) -> list[Job]:
     _check_model(info, r)
+    check_choices(1, r.n, limit)
     tok = info.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise bad("messages", "this model's tokenizer has no chat template; use /v1/completions")

@@ -16,8 +16,9 @@ Clients call `await add_request(...)`, which returns once the engine admitted th
 disconnect cancels the task) aborts the request, which frees its slot and cache at the next
 step boundary. A step that raises fails the requests it was running with finish_reason
 "error" and the loop goes on; a loop (or engine process) that dies fails every request and
-marks the engine dead. Requests not yet running are bounded: past `max_queued` of them (as of
-the latest step) a new request raises `QueueFull` at once.
+marks the engine dead. Requests not yet running are bounded: a group of requests
+(`add_requests`: one HTTP request's prompts x n) that would take them past `max_queued` (as of
+the latest step) raises `QueueFull` at once, whole.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ log = logging.getLogger("kernelgate.engine")
 
 
 class QueueFull(KernelgateError):
-    """Too many requests waiting; the server answers 503."""
+    """Too many requests waiting; the server answers 429."""
 
 
 class EngineStopped(KernelgateError):
@@ -126,25 +127,40 @@ class AsyncEngine:
     async def add_request(self, request_id: str, prompt_ids: list, params: SamplingParams) -> RequestStream:
         """Queue a request; returns its output stream once the engine admitted it.
         Raises QueueFull, EngineStopped, or RequestRejected (with the engine's message)."""
+        [stream] = await self.add_requests([(request_id, prompt_ids, params)])
+        return stream
+
+    async def add_requests(self, requests: list) -> list[RequestStream]:
+        """Queue (request_id, prompt_ids, SamplingParams) requests together: all of them or none
+        (the queue bound counts every one; a refusal or a cancel aborts the others); their
+        streams once the engine admitted them all."""
         loop = asyncio.get_running_loop()
-        t = _Tracked(loop, asyncio.Queue(), loop.create_future(), list(prompt_ids), params)
+        new = [(rid, _Tracked(loop, asyncio.Queue(), loop.create_future(), list(ids), params))
+               for rid, ids, params in requests]
         with self._lock:
             if self._stopping or self.dead:
                 raise EngineStopped(f"engine: not accepting requests ({self.dead or 'shutting down'})")
-            if len(self._tracked) - self._running >= self.max_queued:
-                raise QueueFull(f"engine: {self.max_queued} requests are already waiting; retry later")
-            if request_id in self._tracked:
-                raise RequestRejected(f"engine: request id {request_id!r} is already running")
-            self._tracked[request_id] = t
-            self.core.send(AddRequest(request_id, t.prompt_ids, params))
+            queued = len(self._tracked) - self._running
+            if queued + len(new) > self.max_queued:
+                raise QueueFull(f"engine: {max(queued, 0)} requests are already waiting for a slot and this one "
+                                f"brings {len(new)} (at most {self.max_queued} wait); retry later")
+            ids = [rid for rid, _ in new]
+            clash = next((rid for rid in ids if rid in self._tracked), None)
+            if clash is not None or len(set(ids)) != len(ids):
+                raise RequestRejected(f"engine: request id {clash or ids[0]!r} is already running")
+            for rid, t in new:
+                self._tracked[rid] = t
+                self.core.send(AddRequest(rid, t.prompt_ids, t.params))
         if log.isEnabledFor(logging.DEBUG):        # with core_loop's step lines: a timeline of arrivals
-            log.debug("kernelgate add: t=%.6f id=%s prompt=%d", t.arrival, request_id, len(t.prompt_ids))
+            for rid, t in new:
+                log.debug("kernelgate add: t=%.6f id=%s prompt=%d", t.arrival, rid, len(t.prompt_ids))
         try:
-            await t.admitted
-        except asyncio.CancelledError:
-            self.abort(request_id)
+            await asyncio.gather(*(t.admitted for _, t in new))
+        except BaseException:         # one refused, or the caller cancelled: none stays
+            for rid, _ in new:
+                self.abort(rid)
             raise
-        return RequestStream(self, request_id, t.queue)
+        return [RequestStream(self, rid, t.queue) for rid, t in new]
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its stream gets no more outputs); unknown ids are ignored."""

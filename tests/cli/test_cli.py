@@ -111,6 +111,14 @@ def test_version(capsys):
     (["serve", "--max-num-seqs", "0"], "argument --max-num-seqs: must be >= 1, got 0"),
     (["serve", "--scheduler-delay-factor", "-1"], "argument --scheduler-delay-factor: must be a finite number"),
     (["bench", "serve", "--request-rate", "0"], "argument --request-rate: must be > 0 (or inf), got 0"),
+    (["serve", "--port", "99999"], "argument --port: must be in [1, 65535], got 99999"),
+    (["serve", "--port", "0"], "argument --port: must be in [1, 65535], got 0"),
+    (["serve", "--port", "http"], "argument --port: 'http' is not an integer"),
+    (["serve", "--max-queued-requests", "0"], "argument --max-queued-requests: must be >= 1, got 0"),
+    (["serve", "--host", "no-such-host.invalid", "--port", "8123"], "serve: cannot listen on no-such-host.invalid:8123"),
+    (["bench", "gated_rms_norm", "--impl", "nope", "--no-compile"],
+     ("bench: gated_rms_norm has no implementation named 'nope' (known: native, triton, fla, native-compiled)")),
+    (["bench", "gated_rms_norm", "--case", "nope", "--no-compile"], "bench: gated_rms_norm has no bench case named 'nope'"),
     (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
 ], ids=lambda v: "-".join(v) if isinstance(v, list) else None)
 def test_cli_errors_are_one_line(clean_env, capsys, argv, message):
@@ -142,3 +150,69 @@ def test_cli_error_in_a_fresh_process():
     import sys
     p = subprocess.run([sys.executable, "-m", "kernelgate", "run", "--dtype", "foo"], capture_output=True, text=True, check=False)
     assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1 and "--dtype" in p.stderr
+
+
+def test_serve_on_a_busy_port_is_one_line_at_once(clean_env, capsys):
+    """The socket is bound before the model loads: a port in use fails in a moment, in one line."""
+    import socket
+    import time
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.perf_counter()
+        assert cli.main(["serve", "--port", str(port)]) == 2
+        assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert err == f"kernelgate: error: serve: cannot listen on 127.0.0.1:{port}: Address already in use\n", err
+
+
+def test_bench_that_runs_nothing_keeps_the_saved_results(clean_env, capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("Triton runs here")
+    saved = tmp_path / f"gated_rms_norm-{result_platform()}.md"
+    saved.write_text("earlier results")
+    assert cli.main(["bench", "gated_rms_norm", "--impl", "triton", "--no-compile", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "bench: no implementation of gated_rms_norm runs on this platform (triton: Triton unusable" in err and err.count("\n") == 1
+    assert saved.read_text() == "earlier results" and len(list(tmp_path.iterdir())) == 1
+
+
+BAD_ENV = {"KERNELGATE_CHECKS": ("banana", "KERNELGATE_CHECKS='banana': expected 0 or 1"),
+           "KERNELGATE_TRACE": ("maybe", "KERNELGATE_TRACE='maybe': expected 0 or 1"),
+           "KERNELGATE_GRAPHS": ("2", "KERNELGATE_GRAPHS='2': must be 0 (eager decode) or 1"),
+           "KERNELGATE_DIST_TIMEOUT": ("-1", "KERNELGATE_DIST_TIMEOUT='-1': must be seconds > 0"),
+           "KERNELGATE_DEBUG": ("yes please", "KERNELGATE_DEBUG='yes please': expected 0 or 1"),
+           "KERNELGATE_PLATFORM": ("tpu", "KERNELGATE_PLATFORM='tpu' is not one of"),
+           "KERNELGATE_FORCE": ("gated_rms_norm=nope", "gated_rms_norm: unknown implementation 'nope'")}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ENV))
+def test_bad_environment_value_is_one_line(clean_env, capsys, monkeypatch, name):
+    value, message = BAD_ENV[name]
+    monkeypatch.setenv(name, value)
+    assert cli.main(["doctor", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_every_variable_with_a_parser_has_a_bad_value_case():
+    from kernelgate import envs
+    checked = {n for n, v in envs.VARS.items() if v.parse is not envs._text}
+    assert checked <= set(BAD_ENV), checked - set(BAD_ENV)
+
+
+def test_bad_environment_is_read_where_used_not_at_import():
+    """KERNELGATE_CHECKS=banana: `--version` answers without importing torch; importing the
+    package's modules works; the first command reads it and says so in one line."""
+    import subprocess
+    import sys
+    env = {**__import__("os").environ, "KERNELGATE_CHECKS": "banana"}
+    code = "import sys; from kernelgate import cli; rc = cli.main(['--version']); print('torch' in sys.modules); sys.exit(rc)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert p.returncode == 0 and p.stdout.split() == ["kernelgate", __import__("kernelgate").__version__, "False"], p
+    code = ("import kernelgate.ops, kernelgate.engine.engine, kernelgate.server.app, kernelgate.registry; "
+            "from kernelgate import cli; raise SystemExit(cli.main(['doctor']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert p.returncode == 2 and p.stderr == "kernelgate: error: KERNELGATE_CHECKS='banana': expected 0 or 1\n", p

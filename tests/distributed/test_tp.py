@@ -255,3 +255,33 @@ def test_run_cli_tensor_parallel_equals_single_process():
     want = [r.token_ids for r in kernelgate.generate(model, [[5, 17, 300], [9, 2]], max_new_tokens=6,
                                                       stop_token_ids=list(model.config.eos_token_ids))]
     assert got == want and all(len(t) >= 1 for t in got)
+
+
+# Every config field away from its default (as tests/models/test_loader.py's NON_DEFAULT), sizes
+# that split over 2 ranks (heads, vocab, intermediate sizes, experts).
+ODD = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+           rms_norm_eps=1e-6, tie_word_embeddings=True, num_attention_heads=2, kv_lora_rank=16, q_lora_rank=24,
+           qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, linear_num_heads=2, linear_head_dim=8,
+           num_experts=6, num_experts_per_token=3, num_shared_experts=2, n_group=3, topk_group=2,
+           moe_renormalize=False, routed_scaling_factor=1.5, layer_types=["mla", "kda", "kda"],
+           mlp_types=["moe", "dense", "moe"], bos_token_id=1, dtype="float32")
+
+
+@pytest.mark.parametrize("scoring,conv,ep", [("softmax", 3, False), ("sqrtsoftplus", 5, True)],
+                         ids=["softmax-conv3-tp2", "sqrtsoftplus-conv5-tp2-ep"])
+def test_every_config_gives_single_process_tokens(tmp_path, scoring, conv, ep):
+    """Scoring functions, conv widths and EOS ids reach every rank: generate() over 2 ranks and a
+    checkpoint loaded with tensor_parallel_size 2 stop where the single process stops, with its tokens."""
+    from kernelgate.models import KimiLinearConfig
+    m = build(KimiLinearConfig(**ODD, scoring=scoring, conv_kernel_size=conv), seed=2)
+    prompts = [p for p in PROMPTS if max(p) < 96]
+    free = kernelgate.generate(m, prompts, max_new_tokens=8, stop_token_ids=[])
+    m.config.eos_token_ids = [free[0].token_ids[3]]          # the first prompt stops at its 4th token
+    want = [r.token_ids for r in kernelgate.generate(m, prompts, max_new_tokens=8)]
+    assert len(want[0]) == 4
+    got = kernelgate.generate(m, prompts, max_new_tokens=8, tensor_parallel_size=2, enable_expert_parallel=ep)
+    assert [r.token_ids for r in got] == want
+    save_checkpoint(m, tmp_path)
+    pm = kernelgate.load_model(tmp_path, tensor_parallel_size=2, enable_expert_parallel=ep)
+    assert pm.config == m.config
+    assert [r.token_ids for r in kernelgate.generate(pm, prompts, max_new_tokens=8)] == want

@@ -188,3 +188,72 @@ def test_fused_projections_are_views_of_one_matrix(tmp_path):
     assert all(torch.equal(p, ref[n]) for n, p in m.named_parameters())
     # one allocation per fused matrix: the parameters' bytes are the model's, no copy beside them
     assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for p in src.parameters())
+
+
+# Every field of KimiLinearConfig away from its default (hidden_act: 'silu' is the only one supported).
+NON_DEFAULT = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                   rms_norm_eps=1e-6, tie_word_embeddings=True, num_attention_heads=2, kv_lora_rank=16,
+                   q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, linear_num_heads=2,
+                   linear_head_dim=8, conv_kernel_size=3, num_experts=6, num_experts_per_token=3,
+                   num_shared_experts=2, n_group=3, topk_group=2, moe_renormalize=False, routed_scaling_factor=1.5,
+                   scoring="softmax", layer_types=["mla", "kda", "kda"], mlp_types=["moe", "dense", "moe"],
+                   bos_token_id=1, eos_token_ids=[5, 7], dtype="bfloat16")
+
+
+def test_non_default_config_covers_every_field():
+    import dataclasses
+    for f in dataclasses.fields(KimiLinearConfig):
+        if f.name == "hidden_act":
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        assert f.name in NON_DEFAULT and NON_DEFAULT[f.name] != default, f.name
+
+
+def test_save_load_round_trips_every_config_field(tmp_path):
+    from kernelgate.models import build
+    from kernelgate.models.loader import save_checkpoint
+    c = KimiLinearConfig(**NON_DEFAULT)
+    assert KimiLinearConfig.from_dict(json.loads(json.dumps(c.to_checkpoint()))) == c
+    src = build(c, dtype=torch.bfloat16, seed=4)
+    save_checkpoint(src, tmp_path)
+    m = kernelgate.load_model(tmp_path)
+    assert m.config == c and m.dtype == torch.bfloat16
+    ref = dict(src.named_parameters())
+    assert all(torch.equal(p, ref[n]) for n, p in m.named_parameters())
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"num_hidden_layers": 100_000}, "num_hidden_layers 100000; the checkpoint .* holds layers 0..3 \\(4 of them\\)"),
+    ({"hidden_size": 1 << 20}, "model.embed_tokens.weight: checkpoint \\(256, 64\\) != config \\(256, 1048576\\)"),
+    ({"num_local_experts": 1 << 16, "num_experts": 1 << 16}, "model.layers.1.mlp.gate.weight: checkpoint \\(8, 64\\) != config \\(65536, 64\\)"),
+    ({"v_head_dim": 1 << 20}, "mis-shaped .*o_proj.weight: checkpoint \\(64, 64\\) != model \\(64, 4194304\\)"),
+], ids=["layers", "hidden", "experts", "v-head-dim"])
+def test_config_checked_against_headers_before_allocation(ckpt, tmp_path, monkeypatch, edit, message):
+    """A config.json whose sizes do not match the tensors fails in well under a second, before
+    any parameter is allocated (only meta-device models are built)."""
+    import time
+
+    from kernelgate.models import loader
+    folder = tmp_path / "big"
+    folder.mkdir()
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(edit)
+    for key in ("layer_types", "mlp_layer_types", "linear_attn_config"):   # the default per-layer patterns
+        cfg.pop(key, None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "model.safetensors").symlink_to(ckpt / "model.safetensors")
+    built = []
+    real_build = loader.build
+    monkeypatch.setattr(loader, "build", lambda c, device=None, **kw: built.append(str(device)) or real_build(c, device, **kw))
+    t0 = time.perf_counter()
+    with pytest.raises(KernelgateError, match=message):
+        kernelgate.load_model(folder)
+    assert time.perf_counter() - t0 < 2.0
+    assert set(built) <= {"meta"}
+
+
+def test_config_upper_bounds():
+    with pytest.raises(KernelgateError, match=r"num_hidden_layers must be an int in \[1, 100000\], got int 1000000000"):
+        KimiLinearConfig.from_dict({**RELEASED, "num_hidden_layers": 10**9})
+    with pytest.raises(KernelgateError, match=r"hidden_size must be an int in \[1, 2147483647\]"):
+        KimiLinearConfig.from_dict({**RELEASED, "hidden_size": 2**40})

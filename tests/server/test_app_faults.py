@@ -1,5 +1,5 @@
 """Server faults that need a special engine, in process (httpx over ASGI, a stand-in engine):
-API key, full queue -> 503, an engine error -> 500 or an error finish in a stream, with
+API key, full queue -> 429 (a request's choices counted together), an engine error -> 500 or an error finish in a stream, with
 OpenAI error bodies and the server still answering afterwards."""
 import asyncio
 import json
@@ -53,7 +53,7 @@ def test_api_key():
     run(go, FakeEngine(), api_key="secret")
 
 
-def test_full_queue_answers_503_then_recovers():
+def test_full_queue_answers_429_then_recovers():
     fake = FakeEngine(slots=1)
     fake.gate.clear()
 
@@ -61,8 +61,9 @@ def test_full_queue_answers_503_then_recovers():
         body = {"prompt": [1], "max_tokens": 1}
         first = [asyncio.create_task(c.post("/v1/completions", json=body)) for _ in range(2)]
         await asyncio.sleep(0.2)
-        e = err(await c.post("/v1/completions", json=body), 503, text="already waiting")
-        assert e["type"] == "service_unavailable"
+        r = await c.post("/v1/completions", json=body)
+        e = err(r, 429, text="2 requests are already waiting for a slot and this one brings 1 (at most 2 wait)")
+        assert e["type"] == "rate_limit_exceeded" and r.headers["retry-after"] == "1"
         fake.gate.set()
         assert [(await t).status_code for t in first] == [200, 200]
         assert (await c.post("/v1/completions", json=body)).status_code == 200
