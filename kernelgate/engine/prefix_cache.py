@@ -253,7 +253,7 @@ class PrefixCache:
         slots to others)."""
         deferred, self._deferred = self._deferred, []
         for req, length, slot, blocks in deferred:
-            if all(t is not None for t in req.tokens(0, length)):
+            if None not in req.output[:max(length - len(req.prompt), 0)]:    # (its prompt is known)
                 self.take(req, length, slot=slot, blocks=blocks)
             self.blocks.release(blocks, cache=True)
 

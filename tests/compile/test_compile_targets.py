@@ -1,5 +1,5 @@
 """Every kernelgate Triton implementation, as dispatch launches it on each GPU family, compiles
-for that family's GPUs (kernelgate/compile_targets.py: a simulated device, a stand-in Triton
+for that family's GPUs (kernelgate/tools/compile_targets.py: a simulated device, a stand-in Triton
 driver, no GPU needed). This catches a kernel only one vendor can build: fp8 casts Triton refuses
 before sm_89, fp8 conversions LLVM cannot lower for gfx90a, tiles that overflow 64 KiB of LDS,
 a 16-bit tl.dot that misses the matrix units, a kernel Intel's backend cannot lower.

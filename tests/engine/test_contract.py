@@ -100,10 +100,10 @@ RELEASED = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128, "moe_
 @pytest.mark.parametrize("edit, match", [
     ({"eos_token_id": "2"}, "eos_token_id must be int token ids"),
     ({"eos_token_id": 99}, r"eos_token_id must be int token ids in \[0, 64\)"),
-    ({"hidden_size": "64"}, "hidden_size must be a positive int, got str '64'"),
-    ({"num_hidden_layers": 4.0}, "num_hidden_layers must be a positive int, got float 4.0"),
+    ({"hidden_size": "64"}, r"hidden_size must be an int in \[1, 2147483647\], got str '64'"),
+    ({"num_hidden_layers": 4.0}, r"num_hidden_layers must be an int in \[1, 100000\], got float 4.0"),
     ({"rms_norm_eps": "1e-5"}, "rms_norm_eps must be a positive number, got str"),
-    ({"vocab_size": -5}, "vocab_size must be a positive int, got int -5"),
+    ({"vocab_size": -5}, r"vocab_size must be an int in \[1, 2147483647\], got int -5"),
     ({"num_experts_per_token": 99}, "num_experts_per_token 99 > num_experts 8"),
     ({"moe_router_activation_func": "relu"}, "moe_router_activation_func 'relu' not in"),
     ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true / false"),

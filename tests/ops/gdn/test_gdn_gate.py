@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelgate import KernelgateError, ops
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 from gdn_refs import fla_gate
 from helpers.kda_refs import call, runnable

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from kernelgate import KernelgateError, ops, platform, registry
 from kernelgate.ops.gdn.gdn_prefill import gdn_inputs
-from kernelgate.testing import rel_err
+from kernelgate.tools.testing import rel_err
 
 from gdn_refs import fla_sequence, hf_sequence
 from helpers.kda_refs import call, need, runnable, tol

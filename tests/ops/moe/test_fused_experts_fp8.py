@@ -9,7 +9,7 @@ from kernelgate import KernelgateError, alloc, platform, registry
 from kernelgate.ops.moe.fused_experts_fp8 import make_inputs
 from kernelgate.ops.quant import dequantize_fp8
 from kernelgate.platform import Device
-from kernelgate.testing import assert_close
+from kernelgate.tools.testing import assert_close
 
 OP = registry.get("fused_experts_fp8")
 BF16 = registry.get("fused_experts")

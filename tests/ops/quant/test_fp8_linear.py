@@ -7,7 +7,7 @@ import torch
 from kernelgate import KernelgateError, alloc, platform, registry
 from kernelgate.ops.quant import dequantize_fp8, quantize_fp8_block, quantize_fp8_channel, quantize_fp8_groups
 from kernelgate.platform import Device
-from kernelgate.testing import assert_close
+from kernelgate.tools.testing import assert_close
 
 OP = registry.get("fp8_linear")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
