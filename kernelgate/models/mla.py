@@ -64,16 +64,38 @@ class MLAttention(nn.Module):
         # device-side rows: no host sync, capturable in a graph
         kv.view(-1, kv.shape[-1]).index_copy_(0, batch.slot_mapping.long(), latent.to(kv.dtype))
         w_kv = self.kv_b_proj.weight.view(self.H, self.Dn + self.Dv, self.R)
-        if batch.decode:
-            # absorbed: W_uk folded into the query, W_uv applied to the latent output
-            q_n, q_r = q.split([self.Dn, self.Dr], dim=-1)
-            q_lat = torch.einsum("nhd,hdr->nhr", q_n, w_kv[:, :self.Dn])            # [N, H, R]
-            o_lat = ops.mla_decode(torch.cat([q_lat, q_r], dim=-1), kv, batch.block_table,
-                                   batch.seq_lens, self.scale, self.R)              # [N, H, R]
-            o = torch.einsum("nhr,hvr->nhv", o_lat, w_kv[:, self.Dn:])              # [N, H, Dv]
+        d = T if batch.decode else leading_singles(batch)
+        if d == T:
+            o = self._absorbed(q, kv, w_kv, batch.block_table, batch.seq_lens)
         else:
+            # a mixed step: the decoding sequences (first in the batch) attend through the absorbed
+            # kernel over their latents; expanding a long context per head for one query (the
+            # prefill form) would cost a prefill chunk's attention per decode
+            o = torch.empty(T, self.H, self.Dv, dtype=q.dtype, device=q.device)
+            if d:
+                o[:d] = self._absorbed(q[:d], kv, w_kv, batch.block_table[:d], batch.seq_lens[:d])
             # host copies of the lengths where the engine has them: no device sync per layer
             cu = batch.cu_seqlens if batch.cu_seqlens_cpu is None else batch.cu_seqlens_cpu
             lens = batch.seq_lens if batch.seq_lens_cpu is None else batch.seq_lens_cpu
-            o = ops.mla_prefill(q, kv, batch.block_table, cu, lens, w_kv, self.scale, self.Dv)   # [T, H, Dv]
+            o[d:] = ops.mla_prefill(q[d:], kv, batch.block_table[d:], cu[d:] - cu[d], lens[d:], w_kv,
+                                    self.scale, self.Dv)                             # [T - d, H, Dv]
         return self.par.all_reduce(self.o_proj(o.reshape(T, self.H * self.Dv)))
+
+    def _absorbed(self, q, kv, w_kv, block_table, seq_lens):
+        """One new token per sequence: W_uk folded into the query, W_uv applied to the latent
+        output -> [N, H, Dv]."""
+        q_n, q_r = q.split([self.Dn, self.Dr], dim=-1)
+        q_lat = torch.einsum("nhd,hdr->nhr", q_n, w_kv[:, :self.Dn])                    # [N, H, R]
+        o_lat = ops.mla_decode(torch.cat([q_lat, q_r], dim=-1), kv, block_table, seq_lens, self.scale, self.R)
+        return torch.einsum("nhr,hvr->nhv", o_lat, w_kv[:, self.Dn:])                   # [N, H, Dv]
+
+
+def leading_singles(batch) -> int:
+    """How many sequences at the batch's front bring one token each (the scheduler puts a mixed
+    step's decodes first)."""
+    d = 0
+    for n in batch.lengths:
+        if n != 1:
+            break
+        d += 1
+    return d

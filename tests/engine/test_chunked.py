@@ -112,3 +112,30 @@ def test_generate_knobs(model):
     b = kernelgate.generate(model, prompts, max_new_tokens=3, stop_token_ids=(), max_num_batched_tokens=5,
                             max_num_seqs=3, block_size=4, num_cache_blocks=64)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+def test_mixed_steps_decode_through_the_absorbed_kernel(model, monkeypatch):
+    """In a mixed step the decoding sequences (first in the batch) attend through mla_decode over
+    their latents, the prompt chunks through mla_prefill: every MLA call of a mixed step splits
+    its rows so, and the tokens are those of test_chunked_equals_unchunked's reference."""
+    from kernelgate import ops
+    calls = []
+    real_dec, real_pre = ops.mla_decode, ops.mla_prefill
+
+    def dec(q, *a, **k):
+        calls.append(("decode", q.shape[0]))
+        return real_dec(q, *a, **k)
+
+    def pre(q, *a, **k):
+        calls.append(("prefill", q.shape[0]))
+        return real_pre(q, *a, **k)
+    monkeypatch.setattr(ops, "mla_decode", dec)
+    monkeypatch.setattr(ops, "mla_prefill", pre)
+    prompts = _prompts()
+    tok, _, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=16)
+    monkeypatch.setattr(ops, "mla_decode", real_dec)
+    monkeypatch.setattr(ops, "mla_prefill", real_pre)
+    ref_tok, _, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=4096)
+    assert tok == ref_tok and "mixed" in kinds
+    pairs = [(a, b) for a, b in zip(calls, calls[1:]) if a[0] == "decode" and b[0] == "prefill"]
+    assert pairs and all(a[1] + b[1] <= 16 for a, b in pairs)       # one mixed step's rows, split
