@@ -143,7 +143,7 @@ async def _prepare(args) -> tuple:
     import httpx
     headers = _headers(args)
     base = args.base_url.rstrip("/")
-    rng = random.Random(args.seed)
+    rng = random.Random(f"{args.seed}:{args.dataset}")     # (datasets share no tokens: one server may run them all)
     async with httpx.AsyncClient(timeout=args.timeout) as client:
         try:
             r = await client.get(f"{base}/v1/models", headers=headers)

@@ -12,10 +12,10 @@ Snapshots are taken (`take`)
 - at the end of every prompt, and at every other prefill chunk boundary (so a long shared
   document resumes near its end);
 - at the last block boundary of a prompt of 4 blocks or more that found nothing cached (a hit
-  must leave one token to compute, so a prompt sent again resumes there, not at its end);
-- for a prompt longer than one step's token budget, at a few block boundaries shortly before its
-  end (2, 4, 8 and 16 blocks before it): where a later prompt that shares the document but not
-  its last line is likely to diverge;
+  must leave one token to compute, so the prompt sent again, or the next question after the same
+  system prompt, resumes there, not at its start). Each point splits a chunk (a step more for a
+  prompt that is not cached at all); no others are added before a long prompt's end: a later
+  prompt that diverges there resumes at the last chunk end, and its remaining tokens fit one step;
 - where a new prompt diverges from what is cached (the longest run of full blocks it shares
   with some snapshot's tokens, found by their chained hashes): its prefill chunk ends there, so
   the next prompt sharing that prefix resumes exactly at it (a shared system prompt);
@@ -47,7 +47,6 @@ from .block_manager import BlockManager
 log = logging.getLogger("kernelgate.engine")
 
 ROOT = 0x6B67                                  # the chained hash of no blocks
-LADDER = (2, 4, 8, 16)                          # blocks before a long prompt's end that get a snapshot
 
 
 def digest(tokens) -> bytes:
@@ -262,19 +261,13 @@ class PrefixCache:
         return len(self._lru)
 
 
-def snapshot_points(prompt_len: int, start: int, diverge: int, budget: int, bs: int) -> list:
+def snapshot_points(prompt_len: int, start: int, diverge: int, bs: int) -> list:
     """Chunk ends that get a snapshot, besides every chunk end within the prompt: the divergence
     point; for a prompt of 4 blocks or more that found nothing cached, its last block boundary (a
-    hit must leave a token to compute: the same prompt sent again resumes there); for a prompt
-    longer than a step's budget,
-    a few more block boundaries before its end (where a question after a shared document is
-    likely to start)."""
+    hit must leave a token to compute: the same prompt sent again resumes there)."""
     pts = set()
     if start < diverge < prompt_len:
         pts.add(diverge)
-    if start == 0 and prompt_len >= 4 * bs:          # (a request that resumed has its snapshots already)
+    if start == 0 and prompt_len >= 4 * bs:         # (a request that resumed has its snapshots already)
         pts.add((prompt_len - 1) // bs * bs)
-    if prompt_len - start > budget:
-        for k in LADDER:
-            pts.add((prompt_len // bs - k) * bs)
     return sorted(p for p in pts if start < p < prompt_len)

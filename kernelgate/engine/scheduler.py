@@ -177,16 +177,14 @@ class Scheduler:
             if snap is not None:
                 self.prefix.attach(req, snap)      # its full blocks shared, pinned for this step
             if self.prefix is not None:
-                req.snap_at = snapshot_points(len(req.prompt), start, hit.diverge, self.max_num_batched_tokens,
-                                              self.blocks.block_size)
+                req.snap_at = snapshot_points(len(req.prompt), start, hit.diverge, self.blocks.block_size)
             n = self._chunk(req, start, budget)
             ok = self.blocks.grow(req.blocks, start + n)
             if not ok and snap is not None:
                 self.blocks.release(req.blocks)   # the restore needs a block more (its partial block's copy):
                 snap.pinned = False               # without it, as if nothing were cached
                 snap, start = None, 0
-                req.snap_at = snapshot_points(len(req.prompt), 0, hit.diverge, self.max_num_batched_tokens,
-                                              self.blocks.block_size)
+                req.snap_at = snapshot_points(len(req.prompt), 0, hit.diverge, self.blocks.block_size)
                 n = self._chunk(req, 0, budget)
                 ok = self.blocks.grow(req.blocks, n)
             if not ok:

@@ -107,7 +107,8 @@ def test_branching_requests_share_random_length_prefixes(model):
         reqs.append((f"r{i}", root[:cut] + _rand(int(torch.randint(1, 12, (1,), generator=g)), 100 + i)))
     batches = [reqs[i:i + 3] for i in range(0, len(reqs), 3)]       # some together, some after others
     got = _check(model, batches, max_num_seqs=3, prefix_snapshots=64)
-    assert sum(1 for _, _, c in got.values() if c > 0) >= 15
+    assert sum(1 for _, _, c in got.values() if c > 0) >= 13      # (the first on each root, and cuts inside its
+                                                                   # first blocks, find nothing)
 
 
 @pytest.mark.parametrize("cut", [4 * BS, 4 * BS + 5], ids=["at-block-end", "inside-a-block"])
@@ -120,8 +121,8 @@ def test_prefix_ending_at_or_inside_a_block(model, cut):
 
 def test_shared_long_document(model):
     """A document longer than a step's budget, then several questions about it: later ones
-    resume near the end of the document (the snapshots before a long prompt's end and at the
-    point where the first question diverged)."""
+    resume near the end of the document (its last chunk end or block boundary, and the point
+    where the first question diverged)."""
     doc = _rand(100, 11)
     qs = [[(f"q{i}", doc + _rand(3 + i, 40 + i))] for i in range(4)]
     got = _check(model, qs)
