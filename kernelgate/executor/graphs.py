@@ -151,6 +151,24 @@ class DecodeGraphs:
         self._update_table(slots, tables)
         return graph.replay(tokens, slots, starts, tables)
 
+    def decode_view(self, starts: list, tables: list):
+        """(block_table [P, W], seq_lens [P]) on the device for sequences that bring one token each
+        at positions `starts`, padded with empty rows to the shape of the captured graph that would
+        decode them; None where no such graph is captured."""
+        graph = self.graphs.get((_pow2(len(starts)), self._context(starts)))
+        if graph is None:
+            return None
+        nb, width = graph.nb, graph.width
+        rows = [list(t[:width]) + [0] * (width - len(t[:width])) for t in tables] + [[0] * width] * (nb - len(tables))
+        lens = [s + 1 for s in starts] + [0] * (nb - len(starts))
+        up = alloc.upload(torch.tensor([b for r in rows for b in r] + lens, dtype=torch.int32), self.table.device)
+        return up[:nb * width].view(nb, width), up[nb * width:]
+
+    def _context(self, starts: list) -> int:
+        """The context bucket (positions, a multiple of the block size) of decodes at `starts`."""
+        ctx = max(MIN_CONTEXT, _pow2(max(starts) + 1))
+        return min(-(-ctx // self.cache.block_size), self.max_blocks) * self.cache.block_size
+
     def _update_table(self, slots: list, tables: list) -> None:
         """Write the entries of the slots' table rows that differ from what the device holds:
         a sequence's new blocks, or the whole row when the slot has a new owner (or its blocks

@@ -158,6 +158,9 @@ class ModelRunner:
                 tokens = tokens + extra if isinstance(tokens, list) else \
                     torch.cat([tokens, torch.tensor(extra, dtype=tokens.dtype).to(device)])
             batch = StepBatch.build(lengths, slots, starts, device, tables, self.config.block_size)
+            d = batch.leading_decodes
+            if self.graphs is not None and 0 < d < len(lengths):
+                batch.decode_view = self.graphs.decode_view(starts[:d], tables[:d])
             if isinstance(tokens, list):
                 tokens = alloc.upload(torch.tensor(tokens, dtype=torch.long), device)
             logits = self.model.step(tokens, batch, self.cache)[:n]                  # [N, V] fp32

@@ -35,10 +35,25 @@ class StepBatch:
     block_table: torch.Tensor | None = None      # int32 [N, max_blocks] on the device
     slot_mapping: torch.Tensor | None = None     # int32 [T] on the device: flat cache row per new token
     block_size: int = 0
+    # a mixed step's leading single-token sequences (its decodes): (block_table [P, W], seq_lens
+    # [P]) padded with empty rows (length 0) to a captured decode graph's shape, so the kernels
+    # that attend for them meet shapes compiled at capture (None: their rows of the batch's own)
+    decode_view: tuple | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.lengths)
+
+    @property
+    def leading_decodes(self) -> int:
+        """How many sequences at the front bring one token each (the scheduler puts a mixed step's
+        decodes first)."""
+        d = 0
+        for n in self.lengths:
+            if n != 1:
+                break
+            d += 1
+        return d
 
     @property
     def last_token_index(self) -> torch.Tensor:

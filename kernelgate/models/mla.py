@@ -64,7 +64,7 @@ class MLAttention(nn.Module):
         # device-side rows: no host sync, capturable in a graph
         kv.view(-1, kv.shape[-1]).index_copy_(0, batch.slot_mapping.long(), latent.to(kv.dtype))
         w_kv = self.kv_b_proj.weight.view(self.H, self.Dn + self.Dv, self.R)
-        d = T if batch.decode else leading_singles(batch)
+        d = T if batch.decode else batch.leading_decodes
         if d == T:
             o = self._absorbed(q, kv, w_kv, batch.block_table, batch.seq_lens)
         else:
@@ -72,7 +72,11 @@ class MLAttention(nn.Module):
             # kernel over their latents; expanding a long context per head for one query (the
             # prefill form) would cost a prefill chunk's attention per decode
             o = torch.empty(T, self.H, self.Dv, dtype=q.dtype, device=q.device)
-            if d:
+            if d and batch.decode_view is not None:          # (padded to a captured graph's shape)
+                table, lens = batch.decode_view
+                q_d = torch.cat([q[:d], q.new_zeros(table.shape[0] - d, *q.shape[1:])])
+                o[:d] = self._absorbed(q_d, kv, w_kv, table, lens)[:d]
+            elif d:
                 o[:d] = self._absorbed(q[:d], kv, w_kv, batch.block_table[:d], batch.seq_lens[:d])
             # host copies of the lengths where the engine has them: no device sync per layer
             cu = batch.cu_seqlens if batch.cu_seqlens_cpu is None else batch.cu_seqlens_cpu
@@ -89,13 +93,3 @@ class MLAttention(nn.Module):
         o_lat = ops.mla_decode(torch.cat([q_lat, q_r], dim=-1), kv, block_table, seq_lens, self.scale, self.R)
         return torch.einsum("nhr,hvr->nhv", o_lat, w_kv[:, self.Dn:])                   # [N, H, Dv]
 
-
-def leading_singles(batch) -> int:
-    """How many sequences at the batch's front bring one token each (the scheduler puts a mixed
-    step's decodes first)."""
-    d = 0
-    for n in batch.lengths:
-        if n != 1:
-            break
-        d += 1
-    return d

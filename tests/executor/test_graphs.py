@@ -230,3 +230,41 @@ def test_graph_decode_with_prefix_cache_hits(model, fake_graphs):
     eager, _, _ = run(False, False)
     got, cached, g = run(True, True)
     assert got == eager and cached >= len(doc) - 4 and g is not None and g.graphs
+
+
+def test_mixed_step_decodes_meet_captured_shapes(model, fake_graphs, monkeypatch):
+    """In a mixed step the decodes' absorbed attention runs on their rows padded to a captured
+    graph's (batch, context) shape -- empty rows of length 0 -- so it meets kernels compiled at
+    capture; the tokens equal the engine's without graphs."""
+    from kernelgate import ops
+    prompts = _prompts(6, seed=5)
+    shapes = []
+    real = ops.mla_decode
+
+    def spy(q, cache, table, lens, *a, **k):
+        shapes.append((tuple(table.shape), int((lens == 0).sum())))
+        return real(q, cache, table, lens, *a, **k)
+
+    def run(graphs_on):
+        eng = Engine(model, max_num_seqs=6, max_model_len=64, block_size=8, max_num_batched_tokens=12,
+                     graphs=graphs_on, enable_prefix_caching=False)
+        if graphs_on:
+            eng.runner.graphs.prepare(6)
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, SamplingParams(max_new_tokens=5))
+        got = {str(i): [] for i in range(len(prompts))}
+        kinds = []
+        while eng.has_unfinished():
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+            kinds.append(eng.last_step.kind if eng.last_step else None)
+        return [got[str(i)] for i in range(len(prompts))], kinds, eng.runner.graphs
+    eager, _, _ = run(False)
+    monkeypatch.setattr(ops, "mla_decode", spy)
+    got, kinds, g = run(True)
+    assert got == eager and "mixed" in kinds
+    captured = set(g.graphs)
+    padded = [(s, empty) for s, empty in shapes if empty]
+    assert padded, shapes                                         # some mixed step's decodes were padded
+    for (nb, width), empty in shapes:
+        assert (nb, width * 8) in captured, (nb, width, captured)   # every absorbed call: a captured shape
