@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_prefix import serve, write_checkpoint  # noqa: E402
+from serve_prefix import serve, timeline, write_checkpoint  # noqa: E402
 
 
 def bench_args(base, n, conc, inp, out, seed):
@@ -35,13 +35,16 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=32768)
     ap.add_argument("--num-long", type=int, default=8)
     ap.add_argument("--short", type=int, default=64)
+    ap.add_argument("--trace", metavar="DIR", help="the server at log level debug: a summary of the engine's "
+                                                  "steps while the long prompts run, and every step line in DIR")
     a = ap.parse_args()
     if a.tiny:
         a.long, a.short, a.num_long = 512, 8, 4
     if a.model and not (Path(a.model) / "config.json").exists():
         write_checkpoint(Path(a.model), a.layers)
-    srv, base, _ = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
-                                                     "--max-model-len", str(a.long + 64)])
+    srv, base, log = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
+                                                       "--max-model-len", str(a.long + 64)]
+                           + (["--log-level", "debug"] if a.trace else []))
     try:
         subprocess.run(bench_args(base, 8, 8, 16, 4, 0), capture_output=True, check=True)
         alone = json.loads(subprocess.run(bench_args(base, a.short, a.short, 128, 64, 1), capture_output=True,
@@ -50,9 +53,15 @@ def main() -> None:
         shorts = subprocess.Popen(bench_args(base, a.short, a.short, 128, 256 if not a.tiny else 48, 2),
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)
+        mark = os.path.getsize(log)
         longs = json.loads(subprocess.run(bench_args(base, a.num_long, a.num_long, a.long, 16, 3), capture_output=True,
                                           text=True, check=True).stdout.strip().splitlines()[-1])
         short = json.loads(shorts.communicate()[0].strip().splitlines()[-1])
+        if a.trace:
+            line, lines = timeline(log, mark)
+            print(f"  [long prompts beside decodes] {line}", flush=True)
+            Path(a.trace).mkdir(parents=True, exist_ok=True)
+            Path(a.trace, "long-prompts.log").write_text("\n".join(lines))
     finally:
         srv.terminate()
         srv.wait(60)
