@@ -115,7 +115,9 @@ def test_matches_transformers_kimi_linear(impl, dtype):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_matches_transformers_mamba2(impl):
     hf = pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
-    norm = hf.MambaRMSNormGated(256, group_size=64, eps=1e-5).to(DEV)
+    # (transformers 5.25 renamed MambaRMSNormGated to Mamba2RMSNormGated)
+    cls = getattr(hf, "Mamba2RMSNormGated", None) or hf.MambaRMSNormGated
+    norm = cls(256, group_size=64, eps=1e-5).to(DEV)
     with torch.no_grad():
         norm.weight.copy_(randn(256, seed=13))
     x, g = randn(33, 256, seed=14), randn(33, 256, seed=15)
