@@ -147,6 +147,17 @@ def fp8_hardware(capability: str | None) -> bool:
     return capability.startswith(("gfx94", "gfx95", "gfx12"))
 
 
+def fp8_mma(capability: str | None) -> bool:
+    """Whether a device of this capability multiplies fp8 x fp8 in its matrix units (what an fp8
+    tl.dot lowers to): NVIDIA from sm_89, AMD gfx94x (MI300: e4m3fnuz) and gfx95x (MI350). gfx12's
+    fp8 WMMA is left out (not compiled or measured here); Intel PVC / BMG have none."""
+    if not capability:
+        return False
+    if capability.startswith("sm_"):
+        return int(capability[3:]) >= 89
+    return capability.startswith(("gfx94", "gfx95"))
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 

@@ -131,7 +131,7 @@ class Op:
                  dtype_arg: str | None = None, mutates: tuple = (), rtol: dict | None = None,
                  compare: Callable | None = None, compare_mutated: Callable | None = None,
                  cases: Callable | None = None, check_values: Callable | None = None,
-                 bench_cases: Callable | None = None, doc: str = ""):
+                 bench_cases: Callable | None = None, doc: str = "", note: Callable | None = None):
         self.name = name
         self.reference = reference
         self.signature = inspect.signature(reference)
@@ -151,6 +151,9 @@ class Op:
         self.compare_mutated = compare_mutated  # (name, out, ref, dtype) -> None, for in-place arguments
         self.cases = cases or (lambda: [])
         self.bench_cases = bench_cases or (lambda: [])
+        # (Platform) -> None | a line for `kernelgate doctor` on what the chosen implementations do
+        # there that their names do not say (the fp8 ops: w8a8 or w8a16 by GPU capability)
+        self.note = note
         self.doc = doc or (reference.__doc__ or "").strip().splitlines()[0] if (doc or reference.__doc__) else ""
         self.impls: dict[str, Impl] = {}
         self._cache: dict = {}

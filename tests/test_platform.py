@@ -98,3 +98,12 @@ def test_simulated_platform_changes_dispatch(monkeypatch):
 def test_fp8_hardware_by_capability(capability, has):
     # what decides between fp8 casts and the integer fp8 decode in the indexer kernels
     assert platform.fp8_hardware(capability) is has
+
+
+@pytest.mark.parametrize("capability,has", [
+    ("sm_80", False), ("sm_86", False), ("sm_89", True), ("sm_90", True), ("sm_100", True),
+    ("gfx90a", False), ("gfx942:sramecc+:xnack-", True), ("gfx950", True), ("gfx1201", False),
+    ("pvc", False), ("bmg", False), (None, False)])
+def test_fp8_mma_by_capability(capability, has):
+    # what decides whether fp8_linear's w8a8 form (fp8 x fp8 tl.dot) is taken
+    assert platform.fp8_mma(capability) is has

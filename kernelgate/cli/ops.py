@@ -16,6 +16,7 @@ def doctor_report() -> dict:
         chosen = next((i.name for i, r in rows if r is None), None)
         report["ops"][name] = {
             "chosen": chosen,
+            "note": op.note(plat) if op.note else None,
             "implementations": [
                 {"name": i.name, "provider": i.provider, "priority": i.priority,
                  "platforms": sorted(i.platforms), "chosen": r is None, "reason": r}
@@ -42,6 +43,8 @@ def doctor(args) -> int:
             mark = "-> " if impl["chosen"] else "   "
             reason = "chosen" if impl["chosen"] else impl["reason"]
             print(f"{name if i == 0 else '':<36} {mark}{impl['name']:<19} {impl['provider']:<12} {reason}")
+        if entry["note"]:
+            print(f"{'':<36}    note: {entry['note']}")
     return 0
 
 

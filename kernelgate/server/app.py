@@ -9,7 +9,8 @@
 Every error is an OpenAI error body ({"error": {"message", "type", "param", "code"}}) with
 its status; an unexpected exception is logged here with its traceback and answered 500
 with a one-line message, never the traceback (no request body reaches it: a body that is
-not JSON, not UTF-8, nested past the parser or over `MAX_BODY_BYTES` is 400 / 413).
+not JSON, not UTF-8, nested past the parser or over `MAX_BODY_BYTES` is 400 / 413). A client that
+disconnects while sending its body is dropped with a debug line: nothing was admitted yet.
 
 Work is bounded per request and per server: a request's prompts x n choices are admitted
 together, each counted against the engine's queue bound (over it: 429 with Retry-After), at
@@ -33,7 +34,7 @@ import uuid
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -72,6 +73,11 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
         log.exception("kernelgate: unexpected error on %s", request.url.path)
         return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}".splitlines()[0]).body(),
                             status_code=500)
+
+    async def _client_gone(request: Request, e: ClientDisconnect):
+        # raised while a request body is read (_json): nothing was admitted, nobody reads an answer
+        log.debug("kernelgate: client disconnected while sending the body of %s", request.url.path)
+        return Response(status_code=499)
 
     def auth(request: Request) -> None:
         if api_key is None:
@@ -140,7 +146,8 @@ def create_app(engine: AsyncEngine, info: ModelInfo, metrics: Metrics, api_key: 
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics_text, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]), Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"])]
-    handlers = {APIError: _api_error, StarletteHTTPException: _http_error, Exception: _unexpected}
+    handlers = {APIError: _api_error, StarletteHTTPException: _http_error, ClientDisconnect: _client_gone,
+                Exception: _unexpected}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 

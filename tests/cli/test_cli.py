@@ -216,3 +216,28 @@ def test_bad_environment_is_read_where_used_not_at_import():
             "from kernelgate import cli; raise SystemExit(cli.main(['doctor']))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert p.returncode == 2 and p.stderr == "kernelgate: error: KERNELGATE_CHECKS='banana': expected 0 or 1\n", p
+
+
+def test_doctor_says_which_fp8_form_each_platform_gets(clean_env, capsys):
+    """By name (no GPU known): the rule for that platform's GPUs; as one GPU: its form, and why."""
+    from kernelgate import platform
+    from kernelgate.cli.ops import doctor_report
+    from kernelgate.platform import Device
+    notes = {p: doctor_json(capsys, "--platform", p)["ops"] for p in ("cuda", "xpu", "cpu")}
+    cuda, xpu = notes["cuda"]["fp8_linear"]["note"], notes["xpu"]["fp8_linear"]["note"]
+    assert "w8a8" in cuda and ">= 128 tokens on sm_89+" in cuda and "w8a16" in cuda
+    assert xpu.startswith("fp8 form on xpu") and "w8a16" in xpu and "w8a8 is taken only with fp8 matrix" in xpu
+    assert "no w8a8 experts kernel" in notes["cuda"]["fused_experts_fp8"]["note"]
+    assert notes["cpu"]["fp8_linear"]["note"] is None and notes["cpu"]["gated_rms_norm"]["note"] is None
+    for device, w8a8, decode in ((Device("cuda", "sm_90", "H100"), True, "fp8 conversion instructions"),
+                                 (Device("rocm", "gfx90a", "MI250"), False, "exact integer ops"),
+                                 (Device("xpu", "pvc", "Max 1550"), False, "exact integer ops")):
+        with platform.simulate(device):
+            ops = doctor_report()["ops"]
+        line, experts = ops["fp8_linear"]["note"], ops["fused_experts_fp8"]["note"]
+        assert line.startswith(f"fp8 form on {device.capability}: ") and decode in line and decode in experts
+        assert ("w8a8 (x quantized" in line) is w8a8 and "w8a8 (x" not in experts, line
+    assert cli.main(["doctor", "--platform", "cuda"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    row = text.index(next(ln for ln in text if ln.startswith("fused_experts_fp8")))
+    assert text[row + 3].strip().startswith("note: fp8 form on cuda")    # under the op's three rows

@@ -29,6 +29,10 @@ IMPLS = {
     "fused_q_indexer_rope_hadamard_quant": [("cpu", "native"), ("cuda", "triton_tok")] + TRITON,
     "indexer_k_quant_and_cache": [("cpu", "native")] + TRITON,
     "fp8_paged_mqa_logits": [("cpu", "native"), ("cuda", "triton_kq")] + TRITON,
+    # w8a8 is dispatched only where the capability has fp8 MMA (sm_89+, gfx942, gfx950); a platform
+    # simulated by name has no capability, so it runs forced, on the exact fp16 of the codes
+    "fp8_linear": [("cpu", "native")] + TRITON + [("cuda", "triton_w8a8")],
+    "fused_experts_fp8": [("cpu", "native")] + TRITON + [("cuda", "triton_gemv"), ("xpu", "triton_gemv")],
 }
 
 

@@ -23,6 +23,8 @@ from kernelgate.ops.gdn import gdn_prefill as gdn_prefill_mod
 from kernelgate.ops.indexer import fp8_paged_mqa_logits as fp8_paged_mqa_logits_mod
 from kernelgate.ops.indexer import indexer_q as indexer_q_mod
 from kernelgate.ops.moe import fused_experts as fused_experts_mod
+from kernelgate.ops.moe import fused_experts_fp8 as fused_experts_fp8_mod
+from kernelgate.ops.quant import fp8_linear as fp8_linear_mod
 from kernelgate.tools.testing import assert_close
 
 from helpers.contract import all_params, clone, params, run
@@ -190,15 +192,18 @@ def test_host_hint_must_match_in_checked_mode():
 
 
 # -- expert ids ------------------------------------------------------------------------------
-@pytest.mark.parametrize("op,plat,impl", params("fused_experts"))
+EXPERTS = {"fused_experts": fused_experts_mod.make_inputs, "fused_experts_fp8": fused_experts_fp8_mod.make_inputs}
+
+
+@pytest.mark.parametrize("op,plat,impl", all_params(EXPERTS))
 def test_expert_ids_out_of_range(op, plat, impl):
-    args, kw = fused_experts_mod.make_inputs(5, 32, 16, 8, 2, F32, "cpu", _gen(5))
+    args, kw = EXPERTS[op](5, 32, 16, 8, 2, F32, "cpu", _gen(5))
     args = list(args)
     ids = args[4].long()
     ids[0, 1], ids[2, 0], ids[3, 1] = 8, 2**32 + 1, -7      # == E, wraps to 1 as int32, negative
     args[4] = ids
     with registry.checked(True), pytest.raises(
-            KernelgateError, match=r"^fused_experts: topk_ids\[0, 1\] = 8 outside \[0, 8\) \(expert ids"):
+            KernelgateError, match=rf"^{op}: topk_ids\[0, 1\] = 8 outside \[0, 8\) \(expert ids"):
         run(op, plat, impl, args, kw)
     with registry.checked(False):
         out = run(op, plat, impl, args, kw)
@@ -208,7 +213,21 @@ def test_expert_ids_out_of_range(op, plat, impl):
     assert_close(out, ref, 1e-5)
     keep = skip[4].clone()
     keep[2, 0] = 1    # a wrapped id must not be read as expert 1
-    assert (ref - _native(op, [*skip[:4], keep], kw)).abs().max() > 1e-3
+    assert (ref - _native(op, [*skip[:4], keep, *skip[5:]], kw)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("op,plat,impl", all_params(EXPERTS))
+def test_strided_expert_tensors(op, plat, impl):
+    """topk_ids / topk_weights (and fp8 scales) as views of every other row of a bigger buffer:
+    the gaps hold expert id 99 (skipped if read) and weight 99."""
+    args, kw = EXPERTS[op](5, 32, 16, 8, 2, F32, "cpu", _gen(9))
+    dense = list(args)
+    views = [*args[:3], _every_other(args[3]), _every_other(args[4]), *(_every_other(a) for a in args[5:])]
+    assert views[4].stride(0) == 2 * views[4].shape[1]
+    with registry.checked(True):
+        out = run(op, plat, impl, views, kw)
+        ref = run(op, plat, impl, dense, kw)
+    assert torch.equal(out, ref)
 
 
 # -- strided index tensors (views) read through their strides --------------------------------
@@ -269,6 +288,12 @@ def _x(*s):
     return torch.randn(*s)
 
 
+def _fp8_experts(ids=lambda t: t):
+    args = list(fused_experts_fp8_mod.make_inputs(2, 16, 8, 4, 2, F32, "cpu", _gen())[0])
+    args[4] = ids(args[4])
+    return args
+
+
 WRONG_TYPES = [   # (id, call, message): a float where an int is required, strings for numbers
     ("topk_float", lambda: ops.biased_grouped_topk(_x(3, 16), None, 2.0, 1, 1, True, 1.0),
      r"topk must be an int >= 1, got 2.0"),
@@ -293,6 +318,17 @@ WRONG_TYPES = [   # (id, call, message): a float where an int is required, strin
      r"cu_seqlens dtype float32 not in"),
     ("swiglu_limit_bool", lambda: ops.fused_experts(*fused_experts_mod.make_inputs(2, 16, 8, 4, 2, F32, "cpu", _gen())[0],
                                                     swiglu_limit=True), r"swiglu_limit must be None or a number > 0"),
+    ("fp8_block_float", lambda: ops.fp8_linear(*fp8_linear_mod.make_inputs(2, 8, 32, (8, 16), F32, "cpu", _gen())[0],
+                                               block_size=(8.0, 16)),
+     r"block_size must be None \(per-channel scales\) or two ints > 0, got \(8.0, 16\)"),
+    ("fp8_weight_uint8", lambda: ops.fp8_linear(_x(2, 32), torch.zeros(8, 32, dtype=torch.uint8), torch.ones(1, 1)),
+     r"weight dtype uint8 not in"),
+    ("fp8_experts_ids_float", lambda: ops.fused_experts_fp8(*_fp8_experts(ids=lambda t: t.float())),
+     r"topk_ids dtype float32 not in \(int32, int64\)"),
+    ("fp8_experts_block_str", lambda: ops.fused_experts_fp8(*_fp8_experts(), block_size="128"),
+     r"block_size must be None \(per-channel scales\) or two ints > 0, got '128'"),
+    ("fp8_experts_limit_str", lambda: ops.fused_experts_fp8(*_fp8_experts(), swiglu_limit="7"),
+     r"swiglu_limit must be None or a number > 0, got '7'"),
     ("too_few_args", lambda: ops.kda_decode(_x(1, 2, 8)), r"missing a required argument: 'k'"),
     ("too_many_args", lambda: ops.silu_and_mul_clamp(_x(2, 8), 1.0, 2.0), r"too many positional arguments"),
 ]

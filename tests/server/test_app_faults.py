@@ -96,3 +96,37 @@ def test_unknown_route_and_method():
         err(await c.get("/v1/nothing"), 404)
         err(await c.get("/v1/completions"), 405)
     run(go, FakeEngine())
+
+
+def test_disconnect_while_sending_the_body_is_a_quiet_abort(caplog):
+    """Half a body, then the client goes: no error logged, nothing reaches the engine, the server goes on."""
+    fake, prompts, sent = FakeEngine(), [], []
+    add = fake.add_request
+    fake.add_request = lambda rid, prompt, params: (prompts.append(list(prompt)), add(rid, prompt, params))[1]
+    messages = [{"type": "http.request", "body": b'{"prompt": [1, 2], "max_', "more_body": True},
+                {"type": "http.disconnect"}]
+
+    async def receive():
+        return messages.pop(0) if messages else await asyncio.Event().wait()
+
+    async def send(message):
+        sent.append(message)
+
+    async def main():
+        engine, client = serve(fake)
+        try:
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                     "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+                     "client": ("t", 1), "server": ("t", 80)}
+            await asyncio.wait_for(client._transport.app(scope, receive, send), 5)
+            assert (await client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2})).status_code == 200
+        finally:
+            await client.aclose()
+            await engine.shutdown(0.5)
+
+    with caplog.at_level("DEBUG", logger="kernelgate.server"):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= 30], [r.getMessage() for r in caplog.records]
+    assert any("disconnected while sending the body of /v1/completions" in r.getMessage() for r in caplog.records)
+    assert sent[0]["status"] == 499 and prompts == [[5]], (sent, prompts)

@@ -99,9 +99,8 @@ def launch_step(q, k, v, g, beta, A_log, dt_bias, state, slots, scale, lower_bou
         return o
     scalar_g = g.dim() == 2
     BK = max(16, triton.next_power_of_2(K))
-    # H200 sweep (bench/kda_packed_sweep.py, K=V=128): few programs -> narrow V tiles to fill
-    # the device (N=1: BV=16, 3.3 us); many -> BV=64 with 4 warps (N=256: 0.90 of the state
-    # floor vs 0.76 at BV=32)
+    # few (sequence, head) pairs: narrow V tiles, so that enough programs run to fill the device;
+    # many: 64-wide tiles with 4 warps, fewer and longer programs that read the state nearer its floor
     BV = min(max(16, triton.next_power_of_2(V)), 16 if N * H < 256 else 64)
     grid = (N, H, triton.cdiv(V, BV))
     # every tensor through its strides (unit strides are specialised by Triton: no cost when dense)

@@ -25,6 +25,7 @@ import torch
 
 from ...registry import GPU_TRITON, Case, declare
 from ..common import index_checks
+from ..quant.fp8_forms import experts_note
 from ..quant.fp8_weights import (DEFAULT_BLOCK, FP8, block_dims, check_scale_values, check_weight,
                                  dequantize_fp8, quantize_fp8_block, quantize_fp8_channel)
 from .fused_experts import _bytes as _bf16_bytes
@@ -138,7 +139,7 @@ def bench_cases():
 
 
 fused_experts_fp8 = declare(OP, fused_experts_fp8_native, validate=validate, check_values=check_values,
-                            cases=cases, bench_cases=bench_cases, rtol={torch.bfloat16: 2e-2})
+                            cases=cases, bench_cases=bench_cases, rtol={torch.bfloat16: 2e-2}, note=experts_note)
 
 fused_experts_fp8.implementation(
     "triton", ".fused_experts_fp8_triton:fused_experts_fp8_triton", provider="triton", platforms=GPU_TRITON,

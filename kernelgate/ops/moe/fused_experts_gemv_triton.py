@@ -24,10 +24,9 @@ import triton.language as tl
 from ... import alloc, platform
 from .fused_experts_triton import sum_slots
 
-# Measured on the H200 (2026-11-30, Kimi shapes, CUDA graph, bench/fused_experts_gemv_sweep.py):
-# T1 38.5 us = 0.70 of the weight floor (grouped GEMM 40.5), T4 112.9 = 0.89 (grouped 113.7),
-# T16 380 = 0.91 (grouped 343 = 1.0: by 16 tokens the MMA form reads each expert as well). So
-# dispatch takes this form up to 8 tokens.
+# Up to this many tokens the GEMV streams each hit expert's bytes faster than the grouped GEMM, whose
+# 16-row MMA tiles are mostly padding at a few tokens; by 16 tokens the MMA form reads each expert as
+# well and wins (figures: bench/RESULTS.md, "fused_experts at decode sizes").
 MAX_TOKENS = 8
 # Launch choices per platform name (from platform.current(), so a simulated platform takes its own):
 # rows of outputs per program, reduction tile width, warps.
@@ -38,10 +37,9 @@ LAUNCH = {
 
 
 # One token (k + 1 = 9 pairs with Kimi's stacked shared expert): 8-row programs of 8 warps, so
-# the gate_up grid is 1,152 programs rather than 288 (about two per SM, a ragged last wave).
-# H200, 2026-12-01 (bench/fused_experts_gemv_sweep.py --shared): T1 43.6 us = 0.69 of the weight
-# floor, against 49.1 = 0.61 with LAUNCH; T4 and T8 are best with LAUNCH (0.85, 0.88).
-ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=256, num_warps=8)}   # (measured there only)
+# the gate_up grid is 1,152 programs rather than 288 (about two per SM, a ragged last wave);
+# from a few tokens on, LAUNCH's grid is wide enough. Tuned on NVIDIA only: elsewhere LAUNCH.
+ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=256, num_warps=8)}
 
 
 def launch_config(plat, tokens: int = 2) -> dict:

@@ -130,7 +130,7 @@ def _launch_config(T: int, e_pad: int) -> tuple[int, int]:
     """(BLOCK_T, num_warps). GPU: one token per program on one warp up to 512 padded experts,
     so every reduction is a warp shuffle (no shared memory, no barrier) and T=4096 is one
     wave. Interpreter: many tokens per program, since its cost is per program, not per element.
-    bench/moe_routing.py sweeps the alternatives on a GPU."""
+    bench/ops/moe_routing.py sweeps the alternatives on a GPU."""
     if platform.interpreting():
         return 16, 1
     return 1, (1 if e_pad <= 512 else 2)

@@ -23,11 +23,16 @@ import torch
 
 from ... import checks, platform
 from ...registry import GPU_TRITON, Case, declare
+from .fp8_forms import linear_note
 from .fp8_weights import (DEFAULT_BLOCK, FP8, block_dims, check_scale_values, check_weight, dequantize_fp8,
                           quantize_fp8_block, quantize_fp8_channel)
-from .fp8_triton import mma_mode_for
 
 OP = "fp8_linear"
+# 16-bit x of at least this many tokens goes to the w8a8 form where the device has fp8 MMA: from about
+# there the GEMM is compute bound (H200 spec sheet: 989 dense bf16 TFLOP/s over 4.8 TB/s of fp8 weight
+# bytes is ~100 tokens) and fp8 MMA doubles its rate; below it both forms stream the same weight bytes
+# and w8a8 only adds activation rounding. A spec-sheet estimate: the crossover wants measuring.
+W8A8_MIN_TOKENS = 128
 
 
 def fp8_linear_native(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
@@ -49,13 +54,13 @@ def check_values(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
 
 
 def _triton_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
-    from .fp8_linear_triton import W8A8_MIN_TOKENS, k_tile
+    from .fp8_linear_triton import k_tile
     K = x.shape[1]
     bk = block_dims(block_size, K)[1]
     if k_tile(bk, K, 64) < 16:
         return f"block_size {block_size}: K tiles (powers of two >= 16) must divide the block's bk = {bk}"
     cap = platform.current().capability
-    if x.dtype != torch.float32 and x.shape[0] >= W8A8_MIN_TOKENS and mma_mode_for(cap):
+    if x.dtype != torch.float32 and x.shape[0] >= W8A8_MIN_TOKENS and platform.fp8_mma(cap):
         return (f"{cap} has fp8 matrix instructions: 16-bit x of >= {W8A8_MIN_TOKENS} tokens takes the w8a8 form "
                 "(triton_w8a8)")
     return None
@@ -118,7 +123,7 @@ def bench_cases():
 
 
 fp8_linear = declare(OP, fp8_linear_native, validate=validate, check_values=check_values, cases=cases,
-                     bench_cases=bench_cases)
+                     bench_cases=bench_cases, note=lambda plat: linear_note(plat, W8A8_MIN_TOKENS))
 
 fp8_linear.implementation(
     "triton", ".fp8_linear_triton:fp8_linear_triton", provider="triton", platforms=GPU_TRITON,

@@ -33,11 +33,6 @@ from ..common.fp8_triton import encode_e4m3
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
 DECODE_TOKENS = 8       # up to this many tokens: the split-K decode launch of the w8a16 kernel
-# 16-bit x of at least this many tokens goes to the w8a8 form where the device has fp8 MMA: from about
-# there the GEMM is compute bound (H200 spec sheet: 989 dense bf16 TFLOP/s over 4.8 TB/s of fp8 weight
-# bytes is ~100 tokens) and fp8 MMA doubles its rate; below it both forms stream the same weight bytes
-# and w8a8 only adds activation rounding. A spec-sheet estimate: the crossover wants measuring.
-W8A8_MIN_TOKENS = 128
 
 # Launch choices per platform name (platform.current(), so a simulated platform takes its own).
 _GEMM = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)

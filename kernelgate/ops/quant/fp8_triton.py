@@ -36,15 +36,11 @@ def mode_for(capability: str | None) -> str:
 
 
 def mma_mode_for(capability: str | None) -> str | None:
-    """The operand mode of an fp8 x fp8 tl.dot on this device's matrix units, None without fp8 MMA:
-    NVIDIA sm_89+ (Ada / Hopper / Blackwell: e4m3fn), AMD gfx942 (MI300: e4m3fnuz), gfx950 (MI350: e4m3fn).
-    (gfx12's fp8 WMMA is left out: not compiled or measured here.)"""
-    cap = capability or ""
-    if cap.startswith("sm_"):
-        return "fn" if int(cap[3:]) >= 89 else None
-    if cap.startswith("gfx94"):
-        return "fnuz"
-    return "fn" if cap.startswith("gfx95") else None
+    """The operand mode of an fp8 x fp8 tl.dot on this device's matrix units, None without fp8 MMA
+    (platform.fp8_mma): e4m3fn on NVIDIA sm_89+ and gfx950 (MI350), e4m3fnuz on gfx942 (MI300)."""
+    if not platform.fp8_mma(capability):
+        return None
+    return "fnuz" if capability.startswith("gfx94") else "fn"
 
 
 @triton.jit
