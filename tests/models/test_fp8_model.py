@@ -264,3 +264,26 @@ def test_tensor_parallel_shards_hold_their_codes_and_scales(ckpts):
                 dim, segments = specs[n]
                 want = torch.cat([s.chunk(2, dim)[r] for s in want.chunk(segments, dim)], dim)
             assert torch.equal(value(shard, n, p), want), n
+
+
+def test_tensor_parallel_quantize_on_load_reads_its_slabs(ckpts, tmp_path, monkeypatch):
+    """Quantized on load per rank from stacked tensors (save_checkpoint's layout: experts [E, 2I, D]),
+    a few experts of this rank's rows at a time: where a rank's parts fill whole blocks (all but
+    b_proj's single rows and MLA's 32-column o_proj: quantized per rank), the same codes and scales
+    as the whole model quantized, sliced."""
+    save_checkpoint(load_model(ckpts["twin"], dtype=torch.float32), tmp_path)
+    full = load_model(tmp_path, quantization="fp8")
+    monkeypatch.setattr(quant, "_CHUNK", 2 * 128 * 192 * 4)     # 2 experts of a rank's 128 gate rows
+    fp8 = quant.fp8_params(full)
+    for r in range(2):
+        shard = load_model(tmp_path, quantization="fp8", par=Parallel(r, 2))
+        specs, mine, p = shard_specs(shard), quant.fp8_params(shard), params(full)
+        assert "model.layers.1.mlp.experts.gate_up_proj" in mine
+        for n, (s, block) in mine.items():
+            if "b_proj" in n or n == "model.layers.1.self_attn.o_proj.weight":
+                continue
+            want = dequantize_fp8(p[n], *fp8[n])
+            dim, segments = specs[n] if n in specs else (0, 1)
+            if n in specs:
+                want = torch.cat([x.chunk(2, dim)[r] for x in want.chunk(segments, dim)], dim)
+            assert torch.equal(dequantize_fp8(params(shard)[n], s, block), want), n
