@@ -289,8 +289,8 @@ def _table(title, head, rows):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="error,decode", help="error,decode")
     ap.add_argument("--layers", type=int, default=27, help="layers of the decode part")
     ap.add_argument("--error-layers", type=int, default=4)
@@ -311,7 +311,8 @@ def main(argv=None) -> int:
         print("fp8_decode: real width needs an accelerator (or --tiny); nothing measured")
         return 1
     if args.tiny:
-        args.layers, args.error_layers, args.batches, args.new = min(args.layers, 4), min(args.error_layers, 4), "1,4", 8
+        args.layers, args.error_layers = min(args.layers, 4), min(args.error_layers, 4)
+        args.batches, args.new = "1,4", 8
     t0 = time.perf_counter()
     print(f"fp8_decode on {platform.current().device_name or device} ({platform.current().name})", flush=True)
     result = {}

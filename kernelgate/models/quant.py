@@ -200,7 +200,7 @@ def convert(model: nn.Module, fp8: Fp8) -> set:
     # fused matrices and stacked tensors of FP8 parts: their scales fused / stacked alike
     for mn, m in model.named_modules():
         for name, children in list(m.__dict__.get("_fused", {}).items()):
-            if all(isinstance(c, str) for c in children) and all(isinstance(getattr(m, c), Fp8Linear) for c in children):
+            if all(isinstance(c, str) and isinstance(getattr(m, c), Fp8Linear) for c in children):
                 fuse(m, name + "_scale", [(c, getattr(m, c)._fp8["weight"]) for c in children])
         for name, parts in list(m.__dict__.get("_stacked", {}).items()):
             owners = [(m.get_submodule(path), pn) for path, pn in parts]

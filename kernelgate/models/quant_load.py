@@ -186,6 +186,16 @@ def _source_ranges(src_shape: tuple, sd, a: int, b: int, lo: int, hi: int) -> li
     return r
 
 
+def _scales(ckpt, fmt: Format, src: str, box: list, device, stager) -> tuple[torch.Tensor, list]:
+    """The scales covering box `box` of e4m3 tensor `src` (fp32) and the elements per scale of each dim."""
+    shape = ckpt.shape(src)
+    per = [_bdim(i, len(shape), fmt.block, shape[-1]) for i in range(len(shape))]
+    sbox = [(x // bs, (y - 1) // bs + 1) for (x, y), bs in zip(box, per)]
+    sc = torch.empty([y - x for x, y in sbox], dtype=torch.float32, device=device)
+    _read(ckpt, fmt.scale_of(src), sc, sbox, stager)
+    return sc, per
+
+
 def fill(ckpt, fmt: Format | None, src: str, dest: torch.Tensor, sd, a: int, b: int, stager,
          scales: torch.Tensor | None, block, checks: list) -> None:
     """Part (sd, a, b) of checkpoint tensor `src` into `dest`, with its scales `scales` where dest is FP8
@@ -195,20 +205,17 @@ def fill(ckpt, fmt: Format | None, src: str, dest: torch.Tensor, sd, a: int, b: 
         raise KernelgateError(f"load_model: {src}: an FP8 conversion needs the checkpoint's shape {shape} "
                               f"to match the parameter's part {tuple(dest.shape)}")
     src_fp8 = ckpt.dtype(src) == FP8
-    if src_fp8 and scales is not None and fmt.block != block:
-        raise KernelgateError(f"load_model: {src}: checkpoint FP8 layout {fmt.block} != the model's {block}")
     if src_fp8 and scales is not None:              # published codes: copied; their scales sliced
-        _read(ckpt, src, dest, _source_ranges(shape, sd, a, b, 0, dest.shape[0]), stager)
-        s = fmt.scale_of(src)
-        ranges = [(x // bs, (y - 1) // bs + 1) for i, (x, y) in enumerate(_source_ranges(shape, sd, a, b, 0, dest.shape[0]))
-                  for bs in [_bdim(i, len(shape), fmt.block, shape[-1])]]
-        tmp = torch.empty([y - x for x, y in ranges], dtype=torch.float32, device=dest.device)
-        if tmp.shape != scales.shape:
-            raise KernelgateError(f"load_model: internal: scales of {src}{ranges} {tuple(tmp.shape)} != "
+        if fmt.block != block:
+            raise KernelgateError(f"load_model: {src}: checkpoint FP8 layout {fmt.block} != the model's {block}")
+        box = _source_ranges(shape, sd, a, b, 0, dest.shape[0])
+        _read(ckpt, src, dest, box, stager)
+        sc, _ = _scales(ckpt, fmt, src, box, dest.device, stager)
+        if sc.shape != scales.shape:
+            raise KernelgateError(f"load_model: internal: scales of {src}{box} {tuple(sc.shape)} != "
                                   f"{tuple(scales.shape)}")
-        _read(ckpt, s, tmp, ranges, stager)
-        scales.copy_(tmp)
-        checks.append((s, scales))
+        scales.copy_(sc)
+        checks.append((fmt.scale_of(src), scales))
         return
     step = slab(tuple(dest.shape), fmt.block if src_fp8 else block)
     for lo in range(0, dest.shape[0], step):
@@ -217,13 +224,9 @@ def fill(ckpt, fmt: Format | None, src: str, dest: torch.Tensor, sd, a: int, b: 
         part = torch.empty((hi - lo, *dest.shape[1:]), dtype=ckpt.dtype(src), device=dest.device)
         _read(ckpt, src, part, box, stager)
         if src_fp8:                                 # dequantized into a model-dtype parameter
-            s = fmt.scale_of(src)
-            bss = [_bdim(i, len(shape), fmt.block, shape[-1]) for i in range(len(shape))]
-            sbox = [(x // bs, (y - 1) // bs + 1) for (x, y), bs in zip(box, bss)]
-            sc = torch.empty([y - x for x, y in sbox], dtype=torch.float32, device=dest.device)
-            _read(ckpt, s, sc, sbox, stager)
-            checks.append((s, sc))
-            for i, ((x, _), bs) in enumerate(zip(box, bss)):   # the part's offset inside its first block
+            sc, per = _scales(ckpt, fmt, src, box, dest.device, stager)
+            checks.append((fmt.scale_of(src), sc))
+            for i, ((x, _), bs) in enumerate(zip(box, per)):   # from the part's offset inside its first block
                 sc = sc.repeat_interleave(bs, dim=i).narrow(i, x % bs, part.shape[i])
             dest[lo:hi].copy_(part.float() * sc)
         else:                                       # quantized on load
