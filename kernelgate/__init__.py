@@ -30,18 +30,21 @@ def __getattr__(name: str):
     return value
 
 
-def load_model(path, device=None, dtype=None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False):
+def load_model(path, device=None, dtype=None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
+               quantization=None):
     """Load a Kimi Linear checkpoint folder (safetensors + config.json) -> model. Parameters are
     allocated once in their final dtype on `device`; tensors stream from the files into them.
     With tensor_parallel_size N > 1: N processes (this one is rank 0) each read only their shard
-    -> a ParallelModel, which generate() / Engine run sharded."""
+    -> a ParallelModel, which generate() / Engine run sharded. quantization="fp8": projections and
+    experts quantized to 128 x 128 block FP8 as they stream; an FP8 checkpoint loads as published
+    (kernelgate/models/quant.py)."""
     if tensor_parallel_size != 1 or enable_expert_parallel:
         if device is not None:
             raise KernelgateError("load_model: device is chosen per rank with tensor_parallel_size (one device each)")
         from .executor.parallel import ParallelModel
-        return ParallelModel(path, tensor_parallel_size, enable_expert_parallel, dtype=dtype)
+        return ParallelModel(path, tensor_parallel_size, enable_expert_parallel, dtype=dtype, quantization=quantization)
     from .models.loader import load_model as _load
-    return _load(path, device=device, dtype=dtype)
+    return _load(path, device=device, dtype=dtype, quantization=quantization)
 
 
 def generate(model, prompts, **kwargs):

@@ -27,6 +27,13 @@ def dtype(s: str) -> str:
     return DTYPES[s]
 
 
+def quantization(s: str) -> str:
+    from ..models.quant import QUANTIZATIONS
+    if s not in QUANTIZATIONS:
+        raise argparse.ArgumentTypeError(f"{s!r} is not one of {', '.join(QUANTIZATIONS)}")
+    return s
+
+
 def device(s: str) -> str:
     """A torch device this machine has ('cuda:1' needs two CUDA devices)."""
     import torch
@@ -85,6 +92,8 @@ def add_model_args(p) -> None:
     p.add_argument("--device", type=device, help="torch device (default: the platform's)")
     p.add_argument("--dtype", type=dtype, help="float32 | bfloat16 | float16 (default: the checkpoint's; "
                                                "built-in: float32)")
+    p.add_argument("--quantization", type=quantization, help="fp8: quantize the projections and experts to "
+                   "128 x 128 block FP8 as the weights load (an FP8 checkpoint loads as FP8 without it)")
 
 
 def add_engine_args(p, **defaults) -> None:

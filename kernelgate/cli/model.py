@@ -9,7 +9,7 @@ from __future__ import annotations
 BUILTIN = "kernelgate-builtin"
 
 
-def builtin_model(device=None, dtype=None, seed: int = 0):
+def builtin_model(device=None, dtype=None, seed: int = 0, quantization=None):
     import torch
 
     from ..models import build, tiny
@@ -17,20 +17,22 @@ def builtin_model(device=None, dtype=None, seed: int = 0):
     from ..text.byte_tokenizer import ByteTokenizer
     tok = ByteTokenizer()
     config = tiny(vocab_size=tok.vocab_size, eos_token_ids=list(tok.eos_token_ids))
-    model = build(config, device=device or default_device(), dtype=getattr(torch, dtype or "float32"), seed=seed)
+    model = build(config, device=device or default_device(), dtype=getattr(torch, dtype or "float32"), seed=seed,
+                  quantization=quantization)
     model.tokenizer = tok
     return model
 
 
 def load(args):
-    """(model, description) from --model / --device / --dtype."""
+    """(model, description) from --model / --device / --dtype / --quantization."""
     from .. import load_model, registry
+    q = getattr(args, "quantization", None)
     if args.model:
         registry.preload()     # kernel modules and libraries (fla: seconds) import while the weights are read
         tp = dict(tensor_parallel_size=getattr(args, "tensor_parallel_size", None) or 1,
                   enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", None)))
-        return load_model(args.model, device=args.device, dtype=args.dtype, **tp), args.model
-    return builtin_model(args.device, args.dtype), "built-in tiny Kimi Linear (seeded) + byte tokenizer"
+        return load_model(args.model, device=args.device, dtype=args.dtype, quantization=q, **tp), args.model
+    return builtin_model(args.device, args.dtype, quantization=q), "built-in tiny Kimi Linear (seeded) + byte tokenizer"
 
 
 def load_tokenizer(args):

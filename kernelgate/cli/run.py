@@ -103,6 +103,15 @@ def _generate(engine, prompts, params, tokenizer, stops, progress=None):
     return results, timing
 
 
+def _weights(model) -> str:
+    """How the projections are stored: the model dtype, or FP8 with its scale layout."""
+    from ..models.quant import block_of
+    block = block_of(getattr(model, "shard", model))
+    if block is False:
+        return str(model.dtype).replace("torch.", "")
+    return "fp8 e4m3 " + ("per channel" if block is None else f"block {block[0]}x{block[1]}")
+
+
 def main(args) -> int:
     from .. import platform, registry
     from ..engine.engine import Engine
@@ -145,7 +154,8 @@ def main(args) -> int:
     rate = {k: round(timing.rate(k), 1) for k in ("prefill", "decode")}
     report = {
         "model": source, "platform": plat.name, "real_platform": plat.real, "device": str(model.device),
-        "dtype": str(model.dtype).replace("torch.", ""), "plan": impls, "engine": dataclasses.asdict(config),
+        "dtype": str(model.dtype).replace("torch.", ""), "weights": _weights(model), "plan": impls,
+        "engine": dataclasses.asdict(config),
         "decode_graphs": graphs_reason is None, "decode_graphs_reason": graphs_reason,
         "prefill_tokens": timing.prefill_tokens, "prefill_tokens_per_s": rate["prefill"],
         "decode_tokens": timing.decode_tokens, "decode_tokens_per_s": rate["decode"],
@@ -156,7 +166,8 @@ def main(args) -> int:
         return 0
     sim = f" (simulated; real {plat.real})" if plat.simulated else ""
     print(f"model     {source}")
-    print(f"platform  {plat.name}{sim}   device {report['device']}   dtype {report['dtype']}")
+    print(f"platform  {plat.name}{sim}   device {report['device']}   dtype {report['dtype']}   "
+          f"weights {report['weights']}")
     print("decode    " + ("captured device graphs" if graphs_reason is None else f"eager ({graphs_reason})"))
     print("\ndispatch plan (op -> implementation):")
     for name, chosen in impls.items():

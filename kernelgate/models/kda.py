@@ -17,10 +17,10 @@ The batch's host copies of cu_seqlens / slots go to the prefill ops as hints (no
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from . import quant
 from .layers import _param
 from .parallel import SINGLE, column, fuse, mark, row
 
@@ -62,10 +62,13 @@ class KimiDeltaAttention(nn.Module):
         T = x.shape[0]
         conv_state = cache.conv_state[self.layer_idx]                # [S, 3HK, W-1]
         state = cache.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
-        y = F.linear(x, self.in_proj)                               # [T, 3HK + K + K + H]
+        y = quant.linear(x, self, "in_proj")                        # [T, 3HK + K + K + H]
         mixed, fg_a, b = y.split([3 * H * K, 2 * K, H], dim=-1)     # q|k|v, f_a|g_a, beta logits
-        fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
-        f, gate = fg[0], fg[1].view(T, H, K)                        # raw decay input, output gate
+        if quant.is_fp8(self.up_proj):                              # FP8 codes: one fp8_linear each
+            f, gate = self.f_b_proj(fg_a[:, :K]), self.g_b_proj(fg_a[:, K:]).view(T, H, K)
+        else:
+            fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
+            f, gate = fg[0], fg[1].view(T, H, K)                    # raw decay input, output gate
         if batch.decode:
             qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
             o = ops.kda_packed_decode(qkv, f, b, self.A_log, self.dt_bias, state, batch.slots, H, K)

@@ -17,7 +17,8 @@ from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
 from .layers import MLP, MoE, RMSNorm
 from .mla import MLAttention
-from .parallel import SINGLE, Parallel, VocabEmbedding, allocate_fused, column
+from . import quant
+from .parallel import SINGLE, Parallel, VocabEmbedding, allocate_fused, column, param_dtype
 
 
 class DecoderLayer(nn.Module):
@@ -55,7 +56,7 @@ class KimiLinearForCausalLM(nn.Module):
         super().__init__()
         self.config, self.par = config, par
         self.model = Backbone(config, par)
-        self.lm_head = column(config.hidden_size, config.vocab_size, par, "vocab_size")
+        self.lm_head = column(config.hidden_size, config.vocab_size, par, "vocab_size", quantize=False)
         self.tokenizer = None
         self.requires_grad_(False)
 
@@ -117,10 +118,17 @@ class KimiLinearForCausalLM(nn.Module):
 
 def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.02) -> KimiLinearForCausalLM:
     """Seeded random weights shaped like a trained checkpoint (norms ~1, KDA decay in range),
-    drawn in place on the model's device in each parameter's own dtype (fast at 48B)."""
+    drawn in place on the model's device in each parameter's own dtype (fast at 48B). An FP8
+    weight is drawn as its model-dtype twin's would be and quantized (models/quant.py)."""
     g = torch.Generator(device=model.device).manual_seed(seed)
+    fp8, scales = quant.fp8_tensors(model)
     for name, p in model.named_parameters():
-        if "norm" in name:
+        if name in scales:      # filled with their weights
+            continue
+        if name in fp8:         # one parameter's model-dtype temporary
+            w = torch.empty(p.shape, dtype=model.dtype, device=p.device).normal_(0.0, std, generator=g)
+            quant.quantize_into(w, p, *fp8[name])
+        elif "norm" in name:
             p.normal_(1.0, 0.1, generator=g)
         elif name.endswith("A_log"):
             p.uniform_(1, 16, generator=g).log_()
@@ -140,16 +148,21 @@ FP32_PARAMS = ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")
 
 
 def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0,
-          par: Parallel = SINGLE):
+          par: Parallel = SINGLE, quantization=None):
     """A model with `config`; seeded random weights unless seed is None (then uninitialised).
     Every parameter is allocated once, in its final dtype, on `device` (router / decay
     parameters in fp32: FP32_PARAMS): no fp32 or host copy of the model is ever made.
-    par: build this rank's shard (parameters at their shard's size; fill it with the loader)."""
+    par: build this rank's shard (parameters at their shard's size; fill it with the loader).
+    quantization: "fp8" (or a quant.Fp8): projections and experts as FP8 codes + scales, activations
+    in `dtype` (models/quant.py)."""
+    fp8 = quant.scheme(quantization)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
     device = torch.device(device or "cpu")
     with torch.device("meta"):
         model = KimiLinearForCausalLM(config, par)
+    if fp8 is not None:
+        quant.convert(model, fp8)
     fused = set()
     for mod in model.modules():          # projections stored as one matrix (parallel.fuse)
         fused |= allocate_fused(mod, dtype, device)
@@ -158,7 +171,7 @@ def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int 
             if p is None or (id(mod), pname) in fused:
                 continue
             full = f"{mod_name}.{pname}" if mod_name else pname
-            want = torch.float32 if full.endswith(FP32_PARAMS) else dtype
+            want = param_dtype(mod, pname, torch.float32 if full.endswith(FP32_PARAMS) else dtype)
             mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=want, device=device),
                                                   requires_grad=False)
     if seed is not None:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, streams
+from . import quant
 from .parallel import SINGLE, column, mark, row, stack
 
 
@@ -72,6 +73,8 @@ class Experts(nn.Module):
     """Expert parallel: this rank's E / size experts, whole (ids first_expert..); otherwise every
     expert with its intermediate size split (gate|up rows, down columns)."""
 
+    fp8_params = {"gate_up_proj": 2, "down_proj": 1}   # may be FP8 (models/quant.py): {name: parts along N}
+
     def __init__(self, c, par=SINGLE):
         super().__init__()
         E, D, I = c.num_experts, c.hidden_size, c.moe_intermediate_size
@@ -116,7 +119,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stacked:
             weights, ids = self.gate(x, shared=1)                   # [T, k + 1]: slot k is expert E
-            return self.par.all_reduce(ops.fused_experts(x, self.gate_up, self.down, weights, ids))
+            return self.par.all_reduce(self._experts(x, weights, ids, self, "gate_up", "down"))
         side = streams.side_stream(x.device) if self.shared_experts is not None else None
         shared = None
         if self.shared_experts is not None:
@@ -126,8 +129,16 @@ class MoE(nn.Module):
         if self.par.expert_parallel:   # other ranks' experts become -1: skipped by fused_experts
             local = ids - self.experts.first_expert
             ids = torch.where((local >= 0) & (local < self.experts.down_proj.shape[0]), local, -1)
-        out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        out = self._experts(x, weights, ids, self.experts, "gate_up_proj", "down_proj")
         if shared is not None:
             streams.join(side)
             out = out + shared
         return self.par.all_reduce(out)
+
+    def _experts(self, x, weights, ids, owner, gate_up: str, down: str) -> torch.Tensor:
+        """fused_experts over `owner`'s tensors `gate_up` / `down`; FP8 ones with their scales."""
+        w1, w2 = getattr(owner, gate_up), getattr(owner, down)
+        if not quant.is_fp8(w1):
+            return ops.fused_experts(x, w1, w2, weights, ids)
+        return ops.fused_experts_fp8(x, w1, w2, weights, ids, quant.scale(owner, gate_up), quant.scale(owner, down),
+                                     block_size=self.experts.fp8_block)

@@ -8,6 +8,8 @@ Two layouts are read, by name:
       self_attn.conv1d [3C, 1, W], self_attn.forget_gate.*, mlp.experts.gate_up_proj [E, 2I, D], ...
 Both are mapped onto this package's parameters (fused q|k|v, gate|up; A_log [H]; conv [3C, W]).
 Anything missing, unexpected or mis-shaped is reported in one error.
+FP8 checkpoints (e4m3 weights + scales; quantization_config) load as published, and
+quantization="fp8" quantizes a bf16 one as it streams: models/quant.py, models/quant_load.py.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ import torch
 from ..errors import KernelgateError
 from ..platform import default_device
 from .config import KimiLinearConfig
+from . import quant, quant_load
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
 from .parallel import SINGLE, Parallel, shard_specs
-from .safetensors_file import SafetensorsFile, Stager, read_into, read_slice_into
+from .safetensors_file import SafetensorsFile, Stager, TensorInfo, read_into, read_slice_into
 
 _RENAMES = [(re.compile(r"\.block_sparse_moe\."), ".mlp."),
             (re.compile(r"\.self_attn\.forget_gate\."), ".self_attn.")]
@@ -44,6 +47,10 @@ class _Tensors:
 
     def __init__(self, tensors: dict):
         self.where = {_normalise(k): v for k, v in tensors.items()}
+        self.raw = {_normalise(k): k for k in tensors}
+
+    def raw_name(self, name) -> str:
+        return self.raw.get(name, name)
 
     def __contains__(self, name):
         return name in self.where
@@ -61,8 +68,9 @@ class _Tensors:
     def copy(self, name, dest: torch.Tensor, stager) -> None:
         dest.copy_(self.where[name].reshape(dest.shape))
 
-    def copy_slice(self, name, dest: torch.Tensor, dim: int, a: int, b: int, stager) -> None:
-        dest.copy_(self.where[name].narrow(dim, a, b - a).reshape(dest.shape))
+    def copy_slice(self, name, dest: torch.Tensor, dim: int, a: int, b: int, stager, lead=None) -> None:
+        t = self.where[name] if lead is None else self.where[name][lead[0]:lead[1]]
+        dest.copy_(t.narrow(dim, a, b - a).reshape(dest.shape))
 
     def close(self) -> None:
         pass
@@ -80,7 +88,7 @@ class _Checkpoint:
             files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
             raise KernelgateError(f"load_model: no *.safetensors in {folder}")
-        self.where, self._handles = {}, {}
+        self.where, self._handles, self.raw = {}, {}, {}
         for fname in files:
             path = folder / fname
             if not path.exists():
@@ -88,6 +96,10 @@ class _Checkpoint:
             f = SafetensorsFile(path)
             for key, info in f.tensors.items():
                 self.where[_normalise(key)] = (f, info)
+                self.raw[_normalise(key)] = key
+
+    def raw_name(self, name) -> str:
+        return self.raw.get(name, name)
 
     def __contains__(self, name):
         return name in self.where
@@ -108,8 +120,13 @@ class _Checkpoint:
             fh = self._handles[f.path] = open(f.path, "rb", buffering=0)
         read_into(f, info, dest, stager, fh)
 
-    def copy_slice(self, name, dest: torch.Tensor, dim: int, a: int, b: int, stager) -> None:
+    def copy_slice(self, name, dest: torch.Tensor, dim: int, a: int, b: int, stager, lead=None) -> None:
+        """Rows a..b along `dim`; lead=(r0, r1): of rows r0..r1 along dim 0 only (dim > 0)."""
         f, info = self.where[name]
+        if lead is not None:      # rows r0..r1 of dim 0 are one contiguous run of the file
+            row = info.nbytes // max(1, info.shape[0])
+            info = TensorInfo(info.name, info.dtype, (lead[1] - lead[0], *info.shape[1:]),
+                              info.begin + lead[0] * row, info.begin + lead[1] * row)
         fh = self._handles.get(f.path)
         if fh is None:
             fh = self._handles[f.path] = open(f.path, "rb", buffering=0)
@@ -177,7 +194,10 @@ def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
     Shapes and slices are those of the full (unsharded) parameter."""
     plan, used, missing, misshaped, wrong_dtype = [], set(), [], [], []
     specs, size = shard_specs(model), model.par.size
+    scales = quant.fp8_tensors(model)[1]
     for name, p in model.named_parameters():
+        if name in scales:       # filled with their FP8 weights
+            continue
         full = torch.empty(_full_shape(p, specs.get(name), size), device="meta")
         recipes = _recipes(name, tuple(full.shape), model.config)
         found = next((r for r in recipes if all(s in ckpt for s, _ in r)), None)
@@ -202,6 +222,8 @@ def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
                 wrong_dtype.append(f"{src}: checkpoint {str(ckpt.dtype(src)).replace('torch.', '')} "
                                    f"for a floating point parameter")
                 ok = False
+            elif ckpt.dtype(src) == quant.FP8:    # its scale: present and of its shape (one line if not)
+                used.add(quant_load.check_source(ckpt, getattr(ckpt, "fp8", None), src))
         if ok:
             plan.append((name, p, found))
     unexpected = sorted(n for n in ckpt.where if n not in used and not _IGNORED.search(n))
@@ -234,10 +256,10 @@ def _progress(total: int):
 
 def _pieces(p, spec, par: Parallel, src_shape: tuple, idx: tuple) -> list:
     """What this rank reads of source tensor `src_shape`, destined for `full[idx]` of a parameter
-    whose full form is split by `spec` (dim, segments): [(destination view of p, source dim,
+    whose full form is split by `spec` (dim, segments): [(index of the destination in p, source dim,
     a, b)] (source dim None: the whole source tensor)."""
     if spec is None or par.size == 1:
-        return [(p[idx] if idx else p, None, 0, 0)]
+        return [(tuple(idx), None, 0, 0)]
     d, segments = spec
     full = _full_shape(p, spec, par.size)
     idx = tuple(idx) + (slice(None),) * (len(full) - len(idx))
@@ -245,7 +267,7 @@ def _pieces(p, spec, par: Parallel, src_shape: tuple, idx: tuple) -> list:
         lo = par.rank * p.shape[d]
         if not lo <= idx[d] < lo + p.shape[d]:
             return []
-        return [(p[idx[:d] + (idx[d] - lo,) + idx[d + 1:]], None, 0, 0)]
+        return [(idx[:d] + (idx[d] - lo,) + idx[d + 1:], None, 0, 0)]
     a0, a1, _ = idx[d].indices(full[d])
     view = torch.empty(full, device="meta")[idx]
     vd = d - sum(isinstance(i, int) for i in idx[:d])       # the split dim inside full[idx]
@@ -257,14 +279,16 @@ def _pieces(p, spec, par: Parallel, src_shape: tuple, idx: tuple) -> list:
         lo, hi = max(a0, g0), min(a1, g0 + n)
         if lo < hi:
             dst = idx[:d] + (slice(l0 + lo - g0, l0 + hi - g0),) + idx[d + 1:]
-            out.append((p[dst], sd, lo - a0, hi - a0))
+            out.append((dst, sd, lo - a0, hi - a0))
     return out
 
 
 def load_weights(model: KimiLinearForCausalLM, source) -> None:
     """Fill the model's parameters from a checkpoint folder, or a dict of tensors in either
     layout, one source tensor at a time straight into its parameter (or slice of one). A
-    tensor-parallel shard (model.par) reads only its rows / columns of each tensor."""
+    tensor-parallel shard (model.par) reads only its rows / columns of each tensor. The FP8
+    parameters of a model built with quantization= are quantized from a bf16 / fp32 source as
+    they fill (models/quant_load.py)."""
     ckpt = _open(source)
     try:
         _fill(model, ckpt)
@@ -273,23 +297,35 @@ def load_weights(model: KimiLinearForCausalLM, source) -> None:
 
 
 def _open(source):
+    """A checkpoint folder, a dict of tensors, or an object reading tensors as _Tensors does."""
+    if hasattr(source, "copy_slice"):
+        return source
     ckpt = _Tensors(source) if isinstance(source, dict) else _Checkpoint(Path(source))
     ckpt.folder = "tensors" if isinstance(source, dict) else source
+    cfg = None if isinstance(source, dict) else Path(source) / "config.json"
+    qc = json.loads(cfg.read_text()).get("quantization_config") if cfg is not None and cfg.exists() else None
+    ckpt.fp8 = quant_load.read_config(qc, cfg)
     return ckpt
 
 
 def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
     specs = shard_specs(model)
     plan = _plan(model, ckpt)
-    jobs = [(src, piece) for name, p, sources in plan for src, idx in sources
+    fp8, fmt, checks = quant.fp8_params(model), getattr(ckpt, "fp8", None), []
+    jobs = [(name, p, src, piece) for name, p, sources in plan for src, idx in sources
             for piece in _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx)]
     nbytes = [ckpt.nbytes(src) * (1 if sd is None else (b - a) / ckpt.shape(src)[sd])
-              for src, (_, sd, a, b) in jobs]
+              for _, _, src, (_, sd, a, b) in jobs]
     update, close = _progress(int(sum(nbytes)))
     stager = Stager(model.device)
     try:
-        for (src, (dest, sd, a, b)), nb in zip(jobs, nbytes):
-            if sd is None:
+        for (name, p, src, (index, sd, a, b)), nb in zip(jobs, nbytes):
+            dest = p[index]
+            if name in fp8 or ckpt.dtype(src) == quant.FP8:     # quantized, dequantized, or codes + scales
+                s, block = fp8.get(name, (None, None))
+                scales = None if s is None else s[quant_load.scale_index(index, tuple(p.shape), block)]
+                quant_load.fill(ckpt, fmt, src, dest, sd, a, b, stager, scales, block, checks)
+            elif sd is None:
                 ckpt.copy(src, dest, stager)
             else:
                 ckpt.copy_slice(src, dest, sd, a, b, stager)
@@ -297,16 +333,30 @@ def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
         stager.finish()
     finally:
         close()
+    quant_load.check_finite(checks, ckpt.folder)
+
+
+def _fp8_in_checkpoint(model: KimiLinearForCausalLM, ckpt) -> set:
+    """Parameters of a (meta) model whose checkpoint tensors are all e4m3: a published FP8 one's."""
+    specs, out = shard_specs(model), set()
+    for name, p in model.named_parameters():
+        recipes = _recipes(name, _full_shape(p, specs.get(name), model.par.size), model.config)
+        found = next((r for r in recipes if all(s in ckpt for s, _ in r)), None)
+        if found and all(ckpt.dtype(s) == quant.FP8 for s, _ in found):
+            out.add(name)
+    return out
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def check_sizes(config: KimiLinearConfig, ckpt, par: Parallel = SINGLE, dtype=torch.float32) -> None:
+def check_sizes(config: KimiLinearConfig, ckpt, par: Parallel = SINGLE, dtype=torch.float32,
+                quantization=None):
     """The config against the checkpoint's tensor headers, before any parameter is allocated:
     its layer count first (from the tensor names: no model is built for a config of 100,000
     layers over a 4-layer checkpoint), then every parameter's shape on a model built on the
-    meta device (no memory)."""
+    meta device (no memory) -> the FP8 layout to build with: a published FP8 checkpoint's own
+    (its e4m3 weights), else `quantization`'s (models/quant.py)."""
     layers = sorted({int(m.group(1)) for n in ckpt.where if (m := _LAYER.match(n))})
     if layers != list(range(config.num_hidden_layers)):
         held = f"layers {layers[0]}..{layers[-1]} ({len(layers)} of them)" if layers else "no layers"
@@ -322,7 +372,13 @@ def check_sizes(config: KimiLinearConfig, ckpt, par: Parallel = SINGLE, dtype=to
     if bad:
         raise KernelgateError(f"load_model: checkpoint {ckpt.folder} does not match config.json: " + "; ".join(bad[:4])
                               + (f" ... and {len(bad) - 4} more" if len(bad) > 4 else ""))
-    _plan(build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt)
+    fp8 = quant.scheme(quantization, "load_model")
+    if getattr(ckpt, "fp8", None) is not None:
+        fmt = ckpt.fp8
+        chosen = _fp8_in_checkpoint(build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt)
+        fp8 = quant.Fp8(fmt.block, chosen.__contains__, sliced=True)
+    _plan(build(config, device="meta", dtype=dtype, seed=None, par=par, quantization=fp8), ckpt)
+    return fp8
 
 
 def _dtype(dtype, config: KimiLinearConfig) -> torch.dtype:
@@ -360,9 +416,13 @@ def load_tokenizer(folder: Path):
         return None
 
 
-def load_model(path, device=None, dtype=None, par: Parallel = SINGLE) -> KimiLinearForCausalLM:
+def load_model(path, device=None, dtype=None, par: Parallel = SINGLE, quantization=None) -> KimiLinearForCausalLM:
     """Load a Kimi Linear checkpoint folder. dtype: None = the checkpoint's (config "dtype").
-    par: load only this rank's shard (kernelgate.models.parallel)."""
+    par: load only this rank's shard (kernelgate.models.parallel).
+    quantization: "fp8" quantizes the projections and experts of a bf16 / fp32 checkpoint to 128 x 128
+    block FP8 as they stream. An FP8 checkpoint (quantization_config) loads as published either way:
+    its FP8 weights stay FP8, the rest in `dtype` (models/quant.py)."""
+    quant.scheme(quantization, "load_model")
     if not isinstance(path, (str, os.PathLike)):
         raise KernelgateError(f"load_model: path must be a folder path (str or os.PathLike), got {type(path).__name__}")
     folder = Path(path)
@@ -373,8 +433,8 @@ def load_model(path, device=None, dtype=None, par: Parallel = SINGLE) -> KimiLin
     dev = _device(device)
     ckpt = _open(folder)
     try:
-        check_sizes(config, ckpt, par, dt)
-        model = build(config, device=dev, dtype=dt, seed=None, par=par)
+        fp8 = check_sizes(config, ckpt, par, dt, quantization)
+        model = build(config, device=dev, dtype=dt, seed=None, par=par, quantization=fp8)
         with torch.no_grad():
             _fill(model, ckpt)
     finally:
@@ -391,6 +451,8 @@ def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_checkpoint()
     cfg["dtype"] = str(model.dtype).replace("torch.", "")
+    if quant.checkpoint_config(model) is not None:      # FP8 weights: codes + scales, as a published checkpoint
+        cfg["quantization_config"] = quant.checkpoint_config(model)
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({n: p.detach().contiguous().cpu() for n, p in model.named_parameters()}, str(folder / "model.safetensors"))
     return folder

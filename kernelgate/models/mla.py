@@ -14,10 +14,10 @@ directly over the latent cache (MQA with width R + Dr).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from . import quant
 from .layers import RMSNorm
 from .parallel import SINGLE, column, fuse, row
 
@@ -41,7 +41,8 @@ class MLAttention(nn.Module):
             self.q_b_proj = column(c.q_lora_rank, n * H * c.qk_head_dim, par, "MLA q_b")
         self.kv_a_proj_with_mqa = nn.Linear(D, self.R + self.Dr, bias=False)
         self.kv_a_layernorm = RMSNorm(self.R, c.rms_norm_eps)
-        self.kv_b_proj = column(self.R, n * H * (self.Dn + self.Dv), par, "MLA kv_b")
+        # read as a tensor (absorbed into the query and output): stays in the model dtype in an FP8 model
+        self.kv_b_proj = column(self.R, n * H * (self.Dn + self.Dv), par, "MLA kv_b", quantize=False)
         self.o_proj = row(n * H * self.Dv, D, par, "MLA o")
         # the query (or its low-rank half) and the latent projection read x in one matmul
         self.q_in = "q_proj" if c.q_lora_rank is None else "q_a_proj"
@@ -58,7 +59,7 @@ class MLAttention(nn.Module):
         cache (rows `batch.slot_mapping`) before attention reads them."""
         T = x.shape[0]
         kv = cache.mla_cache[self.layer_idx]                         # [NB, bs, R + Dr]
-        q_in, c, k_r = F.linear(x, self.in_proj).split([getattr(self, self.q_in).weight.shape[0], self.R, self.Dr], dim=-1)
+        q_in, c, k_r = quant.linear(x, self, "in_proj").split([getattr(self, self.q_in).weight.shape[0], self.R, self.Dr], dim=-1)
         q = self._q(q_in).view(T, self.H, self.Dn + self.Dr)         # [T, H, Dn + Dr]
         latent = torch.cat([self.kv_a_layernorm(c), k_r], dim=-1)    # [T, R + Dr]
         # device-side rows: no host sync, capturable in a graph

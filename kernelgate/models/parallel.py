@@ -88,7 +88,8 @@ def fuse(module: nn.Module, name: str, children: list) -> None:
     """The weights of Linear submodules `children` (one input, outputs stacked along dim 0, this
     rank's parts) live in one matrix, buffer `name` of `module`: one matmul reads them all. Each
     child keeps its parameter (a view into the matrix), so the loader, the shard marks and
-    checkpoints see the usual names. `build` allocates the matrix (kimi_linear.py)."""
+    checkpoints see the usual names. `build` allocates the matrix (kimi_linear.py). A child given
+    as (name, parameter) fuses that parameter instead of `weight` (FP8 scales: models/quant.py)."""
     module.__dict__.setdefault("_fused", {})[name] = list(children)
 
 
@@ -105,18 +106,20 @@ def allocate_fused(module: nn.Module, dtype, device) -> set:
     them -> the (module id, parameter name) of the parameters now allocated."""
     done = set()
     for name, children in module.__dict__.get("_fused", {}).items():
-        mods = [getattr(module, c) for c in children]
-        rows = [m.weight.shape[0] for m in mods]
-        buf = torch.empty(sum(rows), *mods[0].weight.shape[1:], dtype=dtype, device=device)
+        owners = [(getattr(module, c), "weight") if isinstance(c, str) else (getattr(module, c[0]), c[1])
+                  for c in children]
+        rows = [m._parameters[pn].shape[0] for m, pn in owners]
+        buf = torch.empty(sum(rows), *owners[0][0]._parameters[owners[0][1]].shape[1:],
+                          dtype=param_dtype(*owners[0], dtype), device=device)
         module.register_buffer(name, buf, persistent=False)
-        for m, a, n in zip(mods, [sum(rows[:i]) for i in range(len(rows))], rows):
-            m._parameters["weight"] = nn.Parameter(buf[a:a + n], requires_grad=False)
-            done.add((id(m), "weight"))
+        for (m, pn), a, n in zip(owners, [sum(rows[:i]) for i in range(len(rows))], rows):
+            m._parameters[pn] = nn.Parameter(buf[a:a + n], requires_grad=False)
+            done.add((id(m), pn))
     for name, parts in module.__dict__.get("_stacked", {}).items():
         owners = [(module.get_submodule(path), pname) for path, pname in parts]
         shape = min((m._parameters[pn].shape for m, pn in owners), key=len)   # one entry's shape
         counts = [m._parameters[pn].shape[0] if m._parameters[pn].dim() > len(shape) else 1 for m, pn in owners]
-        buf = torch.empty(sum(counts), *shape, dtype=dtype, device=device)
+        buf = torch.empty(sum(counts), *shape, dtype=param_dtype(*owners[0], dtype), device=device)
         module.register_buffer(name, buf, persistent=False)
         a = 0
         for (m, pn), n in zip(owners, counts):
@@ -127,17 +130,28 @@ def allocate_fused(module: nn.Module, dtype, device) -> set:
     return done
 
 
-def column(in_f: int, out_f: int, par: Parallel, what: str, segments: int = 1) -> nn.Linear:
-    """Linear whose output features (`segments` fused parts) are split over the ranks."""
+def param_dtype(module: nn.Module, pname: str, default):
+    """The dtype parameter `pname` is allocated in: its own where the module fixes it (FP8 codes and
+    their fp32 scales: models/quant.py), else `default`."""
+    return module.__dict__.get("_dtypes", {}).get(pname, default)
+
+
+def column(in_f: int, out_f: int, par: Parallel, what: str, segments: int = 1, quantize: bool = True) -> nn.Linear:
+    """Linear whose output features (`segments` fused parts) are split over the ranks.
+    quantize=False: kept in the model dtype in an FP8 model (a weight read as a tensor, not called)."""
     lin = nn.Linear(in_f, par.split(out_f, what), bias=False)
     mark(lin, "weight", 0, segments)
+    if not quantize:
+        lin._no_fp8 = True
     return lin
 
 
-def row(in_f: int, out_f: int, par: Parallel, what: str) -> nn.Linear:
+def row(in_f: int, out_f: int, par: Parallel, what: str, quantize: bool = True) -> nn.Linear:
     """Linear whose input features are split: each rank's output is a partial sum."""
     lin = nn.Linear(par.split(in_f, what), out_f, bias=False)
     mark(lin, "weight", 1)
+    if not quantize:
+        lin._no_fp8 = True
     return lin
 
 

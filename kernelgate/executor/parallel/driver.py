@@ -20,6 +20,7 @@ import torch
 from ...config import EngineConfig
 from ...distributed import launch
 from ...errors import KernelgateError
+from ...models import quant
 from ...models.config import KimiLinearConfig
 from ...models.loader import _dtype, load_model, load_tokenizer, save_checkpoint
 from ...models.parallel import check_config
@@ -63,7 +64,7 @@ class ParallelModel:
     the routed experts when `expert_parallel`). source: a checkpoint folder, or a model in this
     process (written once to a temporary checkpoint that every rank reads its slices of)."""
 
-    def __init__(self, source, size: int, expert_parallel: bool = False, dtype=None):
+    def __init__(self, source, size: int, expert_parallel: bool = False, dtype=None, quantization=None):
         self._tmp = None
         launch.check_world_size(size)
         if isinstance(source, (str, Path)):
@@ -84,7 +85,8 @@ class ParallelModel:
         if w.owner is not None and w.owner is not self:
             w.owner._detach()
         w.owner = self
-        arg = {"path": str(folder), "dtype": dt, "expert_parallel": expert_parallel}
+        quant.scheme(quantization, "load_model")     # before any rank loads
+        arg = {"path": str(folder), "dtype": dt, "expert_parallel": expert_parallel, "quantization": quantization}
         self.shard = None
         w.groups.graph_state = (0, "no runner yet")
         try:
@@ -92,7 +94,7 @@ class ParallelModel:
             err = None
             try:
                 self.shard = load_model(folder, device=w.groups.device, dtype=dt,
-                                        par=w.groups.parallel(expert_parallel))
+                                        par=w.groups.parallel(expert_parallel), quantization=quantization)
             except Exception as e:  # noqa: BLE001 - the other ranks still gather
                 err = e
             errs = w.groups.gather(None if err is None else str(err))

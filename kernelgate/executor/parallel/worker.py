@@ -103,7 +103,7 @@ class Worker:
             self.g.graph_state = (0, "no runner yet")
             _release(self.g.device)
             self.model = load_model(arg["path"], device=self.g.device, dtype=arg["dtype"],
-                                    par=self.g.parallel(arg["expert_parallel"]))
+                                    par=self.g.parallel(arg["expert_parallel"]), quantization=arg.get("quantization"))
             return None
         if op == "runner":
             from .rank_runner import RankRunner

@@ -1,0 +1,332 @@
+"""FP8 weights end to end (issue 37): Kimi Linear at real width, bf16 against 128 x 128 block FP8
+quantized on load -- decode tokens/s at batch 1 and 64 through `kernelgate.generate` on a reused
+engine beside the byte floor, peak device memory, and the error FP8 adds.
+
+    PYTHONPATH=. python bench/e2e/fp8_decode.py                      # 27 layers, ~98 GB bf16 (an H200)
+    PYTHONPATH=. python bench/e2e/fp8_decode.py --layers 4 --parts decode
+    PYTHONPATH=. python bench/e2e/fp8_decode.py --error-dir /tmp/kg  # the error part from a checkpoint on disk
+    PYTHONPATH=. python bench/e2e/fp8_decode.py --tiny --device cpu  # smoke run anywhere
+
+Weights: seeded random tensors in the released layout (per-expert w1 / w2 / w3, q / k / v), each made
+on the device when the loader reads it (`RandomSource`: a 27-layer checkpoint is ~98 GB, more than
+the machine's disk), and loaded through the streaming loader (`load_weights`): bf16 as they are, FP8
+quantized as they stream. One model is on the device at a time.
+
+Parts:
+  error   --error-layers (4) layers loaded fp32, bf16 and FP8 from the same tensors; over 16 prompts
+          of 32 tokens: max (over prompts) relative error of the logits at every position, argmax
+          agreement, and 16 greedy tokens through generate (prompts whose tokens all agree), FP8 vs
+          bf16 beside bf16 vs fp32. --error-dir DIR writes the checkpoint there (save_checkpoint) and
+          loads it with load_model(path, quantization=...) instead.
+  decode  --layers (27) layers, bf16 then FP8: load time and peak against the bound (1.05 x loaded
+          bytes + 1 GiB); decode tok/s at B1 and B64 (median of the steps that decode every
+          sequence, second call on the engine: graphs and autotuning done in the first); the byte
+          floor, active bytes per step / --hbm-gbps (weights but embedding and routed experts, the
+          expected distinct experts of a uniform top-8 of the batch, one embedding row per token,
+          KDA states and MLA cache); peak memory while decoding.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import zlib
+from pathlib import Path
+
+GiB = 1 << 30
+
+
+def _mod(device):
+    import torch
+    return getattr(torch, device.type, None) if device.type != "cpu" else None
+
+
+def _sync(device):
+    m = _mod(device)
+    if m is not None:
+        m.synchronize()
+
+
+def _reset_peak(device):
+    m = _mod(device)
+    if m is not None:
+        m.synchronize()
+        m.empty_cache()
+        m.reset_peak_memory_stats()
+
+
+def _peak(device) -> float:
+    m = _mod(device)
+    return float("nan") if m is None else m.max_memory_allocated()
+
+
+def _gb(nbytes: float) -> str:
+    return "n/a" if nbytes != nbytes else f"{nbytes / 1e9:.2f}"
+
+
+class RandomSource:
+    """A checkpoint of seeded random tensors in the released layout, each made on `device` when the
+    loader reads it (from a seed of its own name: every reader gets the same values). Values as
+    kimi_linear.random_weights draws them (norms ~1, decay in range, 0.02 projections)."""
+
+    def __init__(self, config, device, dtype, seed: int = 0):
+        import torch
+
+        from kernelgate.models import build
+        self.device, self.seed, self.folder, self.fp8 = device, seed, "random (seeded, made on the device)", None
+        self.where = {}
+        for n, p in build(config, device="meta", dtype=dtype, seed=None).named_parameters():
+            shape = tuple(p.shape)
+            if n.endswith("qkv_proj.weight"):
+                for x in "qkv":
+                    self.where[n.replace("qkv_proj", f"{x}_proj")] = ((shape[0] // 3, shape[1]), p.dtype)
+            elif n.endswith("gate_up_proj.weight"):
+                for x in ("gate_proj", "up_proj"):
+                    self.where[n.replace("gate_up_proj", x)] = ((shape[0] // 2, shape[1]), p.dtype)
+            elif n.endswith("experts.gate_up_proj"):
+                base = n[:-len("gate_up_proj")]
+                for e in range(shape[0]):
+                    for w in (1, 3):
+                        self.where[f"{base}{e}.w{w}.weight"] = ((shape[1] // 2, shape[2]), p.dtype)
+            elif n.endswith("experts.down_proj"):
+                base = n[:-len("down_proj")]
+                for e in range(shape[0]):
+                    self.where[f"{base}{e}.w2.weight"] = (shape[1:], p.dtype)
+            else:
+                self.where[n] = (shape, p.dtype)
+        self._torch = torch
+
+    def __contains__(self, name):
+        return name in self.where
+
+    def shape(self, name):
+        return self.where[name][0]
+
+    def dtype(self, name):
+        return self.where[name][1]
+
+    def nbytes(self, name):
+        shape, dt = self.where[name]
+        n = 1
+        for s in shape:
+            n *= s
+        return n * dt.itemsize
+
+    def raw_name(self, name):
+        return name
+
+    def make(self, name):
+        torch = self._torch
+        shape, dt = self.where[name]
+        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+        t = torch.empty(shape, dtype=dt, device=self.device)
+        if "norm" in name:
+            return t.normal_(1.0, 0.1, generator=g)
+        if name.endswith("A_log"):
+            return t.uniform_(1, 16, generator=g).log_()
+        if name.endswith("dt_bias"):
+            dt_ = t.uniform_(-6.9, -2.3, generator=g).exp_()
+            return dt_ + torch.log(-torch.expm1(-dt_))
+        if name.endswith("e_score_correction_bias"):
+            return t.normal_(0.0, 0.01, generator=g)
+        if "conv1d" in name:
+            return t.normal_(0.0, 0.3, generator=g)
+        return t.normal_(0.0, 0.02, generator=g)
+
+    def copy(self, name, dest, stager):
+        dest.copy_(self.make(name).reshape(dest.shape))
+
+    def copy_slice(self, name, dest, dim, a, b, stager, lead=None):
+        t = self.make(name)
+        t = t if lead is None else t[lead[0]:lead[1]]
+        dest.copy_(t.narrow(dim, a, b - a).reshape(dest.shape))
+
+    def close(self):
+        pass
+
+
+def config_for(layers: int, tiny: bool):
+    from kernelgate.models import real_width, tiny as tiny_cfg
+    if tiny:   # 128-row parts, so that the tiny model is FP8 where the real one is
+        return tiny_cfg(vocab_size=1024, hidden_size=192, intermediate_size=256, moe_intermediate_size=128,
+                        num_hidden_layers=layers, linear_num_heads=2, linear_head_dim=128, num_attention_heads=2,
+                        qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, kv_lora_rank=64)
+    return real_width(layers)
+
+
+def load(config, device, dtype, quantization, source):
+    """(model, load seconds, peak device bytes of the load, weight bytes)."""
+    import torch
+
+    from kernelgate.models import build
+    from kernelgate.models.loader import load_weights
+    _reset_peak(device)
+    t0 = time.perf_counter()
+    model = build(config, device=device, dtype=dtype, seed=None, quantization=quantization)
+    with torch.no_grad():
+        load_weights(model, source)
+    _sync(device)
+    dt = time.perf_counter() - t0
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return model, dt, _peak(device), weights
+
+
+def free(model, device):
+    import kernelgate
+    kernelgate.release(model)
+    del model
+    gc.collect()
+    _reset_peak(device)
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, min(vocab, 1000), (length,), generator=g).tolist() for _ in range(n)]
+
+
+def part_error(args, device) -> list:
+    import torch
+
+    import kernelgate
+    from kernelgate.models.loader import load_model, save_checkpoint
+    cfg = config_for(args.error_layers, args.tiny)
+    prompts = _prompts(16, 32, cfg.vocab_size, 7)
+    ids = torch.tensor(prompts, device=device)
+    src = RandomSource(cfg, device, torch.bfloat16, seed=1)
+    folder = None
+    if args.error_dir:
+        model, *_ = load(cfg, device, torch.bfloat16, None, src)
+        folder = save_checkpoint(model, Path(args.error_dir) / f"kimi-{args.error_layers}l")
+        free(model, device)
+    out = {}
+    for name, dtype, q in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
+                           ("fp8", torch.bfloat16, "fp8"), ("fp8 weights, fp32 activations", torch.float32, "fp8")):
+        if folder is not None:
+            _reset_peak(device)
+            model = load_model(folder, device=device, dtype=dtype, quantization=q)
+        else:
+            model, *_ = load(cfg, device, dtype, q, src)
+        logits = model(ids).float().cpu()                                       # [16, 32, V]
+        greedy = [r.token_ids for r in kernelgate.generate(model, prompts, max_new_tokens=16, stop_token_ids=())]
+        out[name] = (logits, greedy)
+        print(f"  error: {name} loaded and run", flush=True)
+        free(model, device)
+    rows = []
+    for a, b in (("fp8", "bf16"), ("bf16", "fp32"), ("fp8 weights, fp32 activations", "fp32")):
+        (la, ga), (lb, gb) = out[a], out[b]
+        rel = max(float((x - y).norm() / y.norm()) for x, y in zip(la, lb))
+        agree = float((la.argmax(-1) == lb.argmax(-1)).float().mean())
+        same = sum(x == y for x, y in zip(ga, gb))
+        rows.append([f"{a} vs {b}", f"{rel:.3e}", f"{agree:.3f}", f"{same} / 16"])
+    _table(f"error FP8 adds: {args.error_layers} layers, 16 prompts x 32 tokens, random weights "
+           f"({'checkpoint on disk' if folder else 'streamed from RandomSource'})",
+           ["pair", "max rel err of logits", "argmax agreement", "prompts with equal 16 greedy tokens"], rows)
+    return rows
+
+
+def decode_rate(model, engine, batch: int, prompt: int, new: int, seed: int) -> float:
+    """Median decode tok/s of the steps that decode every one of `batch` sequences (generate on `engine`)."""
+    import kernelgate
+    from kernelgate.serving.drive import Timing
+    t = Timing()
+    kernelgate.generate(model, _prompts(batch, prompt, model.config.vocab_size, seed), max_new_tokens=new,
+                        stop_token_ids=(), timing=t, engine=engine)
+    steps = sorted(s[2] for s in t.steps if s[0] == "decode" and s[1] == batch)
+    return batch / steps[len(steps) // 2] if steps else float("nan")
+
+
+def part_decode(args, device) -> list:
+    import torch
+
+    from kernelgate import registry
+    from kernelgate.engine import Engine
+    sys.path.insert(0, str(Path(__file__).parent))
+    from kimi_e2e import decode_floor
+    cfg = config_for(args.layers, args.tiny)
+    src = RandomSource(cfg, device, torch.bfloat16, seed=0)
+    batches = [int(b) for b in args.batches.split(",")]
+    length = args.prompt + args.new + 8
+    rows = []
+    for name, q in (("bf16", None), ("fp8 (block 128x128, quantized on load)", "fp8")):
+        model, t_load, peak_load, weights = load(cfg, device, torch.bfloat16, q, src)
+        bound = 1.05 * weights + GiB
+        print(f"  {name}: {weights / 1e9:.2f} GB of weights loaded in {t_load:.1f} s, load peak "
+              f"{_gb(peak_load)} GB (bound {bound / 1e9:.2f})", flush=True)
+        registry._plan.clear()
+        eng = Engine(model, max_num_seqs=max(batches), max_model_len=length, block_size=64,
+                     num_cache_blocks=max(batches) * -(-length // 64))
+        _reset_peak(device)
+        for b in batches:
+            t0 = time.perf_counter()
+            decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)          # graphs, autotuning
+            rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b)
+            floor = decode_floor(model, b, length, args.hbm_gbps)
+            within = "" if peak_load != peak_load else f" ({'within' if peak_load <= bound else 'OVER'} bound)"
+            rows.append([name, str(b), f"{rate:,.1f}", f"{floor:,.0f}", f"{rate / floor:.3f}", _gb(weights),
+                         _gb(peak_load) + within, _gb(_peak(device))])
+            print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f}), {time.perf_counter() - t0:.1f} s", flush=True)
+        print("    plan: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in registry.plan().items()), flush=True)
+        eng.close()
+        del eng
+        free(model, device)
+    _table(f"decode through kernelgate.generate, {args.layers} layers real width"
+           f"{' (tiny)' if args.tiny else ''}, prompts of {args.prompt}, byte floor at {args.hbm_gbps:,.0f} GB/s",
+           ["weights", "batch", "decode tok/s", "byte floor tok/s", "of floor", "weights GB", "load peak GB",
+            "decode peak GB"], rows)
+    return rows
+
+
+def _table(title, head, rows):
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    sys.stdout.flush()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="error,decode", help="error,decode")
+    ap.add_argument("--layers", type=int, default=27, help="layers of the decode part")
+    ap.add_argument("--error-layers", type=int, default=4)
+    ap.add_argument("--error-dir", help="write the error part's checkpoint here and load it from disk")
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per sequence")
+    ap.add_argument("--new", type=int, default=48, help="new tokens per sequence (decode steps)")
+    ap.add_argument("--hbm-gbps", type=float, default=4800.0, help="HBM bandwidth of the byte floor (H200: 4.8 TB/s)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--tiny", action="store_true", help="tiny widths (smoke run of this script, e.g. on a CPU)")
+    ap.add_argument("--json", help="also write the tables here")
+    args = ap.parse_args(argv)
+    import torch
+
+    from kernelgate import platform
+    device = torch.device(args.device) if args.device else platform.default_device()
+    if not args.tiny and device.type == "cpu":
+        print("fp8_decode: real width needs an accelerator (or --tiny); nothing measured")
+        return 1
+    if args.tiny:
+        args.layers, args.error_layers = min(args.layers, 4), min(args.error_layers, 4)
+        args.batches, args.new = "1,4", 8
+    t0 = time.perf_counter()
+    print(f"fp8_decode on {platform.current().device_name or device} ({platform.current().name})", flush=True)
+    result = {}
+    parts = args.parts.split(",")
+    if "error" in parts:
+        result["error"] = part_error(args, device)
+        print(f"({time.perf_counter() - t0:.0f} s in)", flush=True)
+    if "decode" in parts:
+        result["decode"] = part_decode(args, device)
+    print(f"\nfp8_decode: {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
