@@ -82,7 +82,7 @@ def main():
             eng.step()
         return st, (t1 - t0) * 1e3, (t2 - t0) * 1e3
 
-    print(f"\n| wave | step | tokens | host launch ms | launch + device ms |\n|---|---|---:|---:|---:|")
+    print("\n| wave | step | tokens | host launch ms | launch + device ms |\n|---|---|---:|---:|---:|")
     for w in range(a.waves):
         same = w % 2 == 0
         lengths = [a.length] * a.new if same else [a.length + 1 + w + i for i in range(a.new)]

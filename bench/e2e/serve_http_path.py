@@ -107,8 +107,8 @@ def main() -> None:
         srv.terminate()
         srv.wait(30)
     ceiling = a.concurrency / (a.step_ms / 1e3)
-    print(f"| c | step ms | output tok/s | ceiling | ratio | TTFT p50 ms | ITL p50 ms | server CPU | engine CPU | "
-          f"client CPU |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| c | step ms | output tok/s | ceiling | ratio | TTFT p50 ms | ITL p50 ms | server CPU | engine CPU | "
+          "client CPU |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     eng = sum(v for p, v in used.items() if p != srv.pid)
     print(f"| {a.concurrency} | {a.step_ms} | {res['output_throughput']:,.0f} | {ceiling:,.0f} | "
           f"{res['output_throughput'] / ceiling:.2f} | {res['median_ttft_ms']:.1f} | {res['median_itl_ms']:.2f} | "

@@ -445,7 +445,7 @@ def tma_route(cfg: dict, cache, R: int) -> tuple[str | None, int]:
     """(why the TMA kernel cannot take this cache, or None; the tile it takes): tiles inside one
     block, boxes of at most 256 columns (R <= 512), 16-byte aligned bases and rows, 16-bit
     elements on a GPU (a box of fp32 latents would not fit shared memory with its stages)."""
-    bs, C = cache.shape[1], cache.shape[2]
+    bs = cache.shape[1]
     es = cache.element_size()
     bn = cfg["block_n"]
     if bs % bn:
