@@ -173,10 +173,11 @@ def load(config, device, dtype, quantization, source):
     return model, dt, _peak(device), weights
 
 
-def free(model, device):
+def free(holder: dict, device):
+    """Drop holder["model"] (the caller's only reference: a name bound in the caller's loop would keep
+    the whole model on the device while the next one loads), its kept engine first."""
     import kernelgate
-    kernelgate.release(model)
-    del model
+    kernelgate.release(holder.pop("model"))
     gc.collect()
     _reset_peak(device)
 
@@ -198,22 +199,23 @@ def part_error(args, device) -> list:
     src = RandomSource(cfg, device, torch.bfloat16, seed=1)
     folder = None
     if args.error_dir:
-        model, *_ = load(cfg, device, torch.bfloat16, None, src)
-        folder = save_checkpoint(model, Path(args.error_dir) / f"kimi-{args.error_layers}l")
-        free(model, device)
+        held = {"model": load(cfg, device, torch.bfloat16, None, src)[0]}
+        folder = save_checkpoint(held["model"], Path(args.error_dir) / f"kimi-{args.error_layers}l")
+        free(held, device)
     out = {}
     for name, dtype, q in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
                            ("fp8", torch.bfloat16, "fp8"), ("fp8 weights, fp32 activations", torch.float32, "fp8")):
         if folder is not None:
             _reset_peak(device)
-            model = load_model(folder, device=device, dtype=dtype, quantization=q)
+            held = {"model": load_model(folder, device=device, dtype=dtype, quantization=q)}
         else:
-            model, *_ = load(cfg, device, dtype, q, src)
-        logits = model(ids).float().cpu()                                       # [16, 32, V]
-        greedy = [r.token_ids for r in kernelgate.generate(model, prompts, max_new_tokens=16, stop_token_ids=())]
+            held = {"model": load(cfg, device, dtype, q, src)[0]}
+        logits = held["model"](ids).float().cpu()                               # [16, 32, V]
+        greedy = [r.token_ids for r in kernelgate.generate(held["model"], prompts, max_new_tokens=16,
+                                                           stop_token_ids=())]
         out[name] = (logits, greedy)
         print(f"  error: {name} loaded and run", flush=True)
-        free(model, device)
+        free(held, device)
     rows = []
     for a, b in (("fp8", "bf16"), ("bf16", "fp32"), ("fp8 weights, fp32 activations", "fp32")):
         (la, ga), (lb, gb) = out[a], out[b]
@@ -252,6 +254,7 @@ def part_decode(args, device) -> list:
     rows = []
     for name, q in (("bf16", None), ("fp8 (block 128x128, quantized on load)", "fp8")):
         model, t_load, peak_load, weights = load(cfg, device, torch.bfloat16, q, src)
+        held = {"model": model}
         bound = 1.05 * weights + GiB
         print(f"  {name}: {weights / 1e9:.2f} GB of weights loaded in {t_load:.1f} s, load peak "
               f"{_gb(peak_load)} GB (bound {bound / 1e9:.2f})", flush=True)
@@ -270,8 +273,8 @@ def part_decode(args, device) -> list:
             print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f}), {time.perf_counter() - t0:.1f} s", flush=True)
         print("    plan: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in registry.plan().items()), flush=True)
         eng.close()
-        del eng
-        free(model, device)
+        del eng, model
+        free(held, device)
     _table(f"decode through kernelgate.generate, {args.layers} layers real width"
            f"{' (tiny)' if args.tiny else ''}, prompts of {args.prompt}, byte floor at {args.hbm_gbps:,.0f} GB/s",
            ["weights", "batch", "decode tok/s", "byte floor tok/s", "of floor", "weights GB", "load peak GB",

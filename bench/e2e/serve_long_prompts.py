@@ -29,7 +29,8 @@ def bench_args(base, n, conc, inp, out, seed):
 def main() -> None:
     import json
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model")
+    ap.add_argument("--model", help="checkpoint folder, written there (random weights, --layers) when it has no "
+                                     "config.json (default /tmp/kernelgate-ckpt/kimi-<layers>l)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--long", type=int, default=32768)
@@ -40,6 +41,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.tiny:
         a.long, a.short, a.num_long = 512, 8, 4
+    elif not a.model:
+        a.model = f"/tmp/kernelgate-ckpt/kimi-{a.layers}l"
     if a.model and not (Path(a.model) / "config.json").exists():
         write_checkpoint(Path(a.model), a.layers)
     srv, base, log = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
