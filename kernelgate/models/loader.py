@@ -32,8 +32,8 @@ from ..platform import default_device
 from . import qwen3_next
 from .config import KimiLinearConfig
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
-from .qwen3_next_config import Qwen3NextConfig
 from .parallel import SINGLE, Parallel, shard_specs
+from .qwen3_next_config import Qwen3NextConfig
 from .safetensors_file import SafetensorsFile, Stager, read_into, read_slice_into
 
 _RENAMES = [(re.compile(r"\.block_sparse_moe\."), ".mlp."),
@@ -282,8 +282,13 @@ def _progress(total: int):
         return (lambda n: None), (lambda: None)
     try:
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
     except ImportError:
         return (lambda n: None), (lambda: None)
     bar = Progress("[bold]loading weights", BarColumn(), DownloadColumn(), TransferSpeedColumn(),

@@ -190,7 +190,7 @@ def recipes(name: str, shape: tuple, c: Qwen3NextConfig) -> list:
     HK, HV, K, V = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     G = HV // HK
     base = name.rsplit(".", 2)[0] + "."
-    if name.endswith("linear_attn.in_proj_qkv.weight") or name.endswith("linear_attn.in_proj_z.weight"):
+    if name.endswith(("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight")):
         P, src = 2 * K + 2 * G * V, base + "in_proj_qkvz.weight"
         if name.endswith("qkv.weight"):
             parts = [(h * K, h * P, K) for h in range(HK)] + [(HK * K + h * K, h * P + K, K) for h in range(HK)] \
@@ -198,7 +198,7 @@ def recipes(name: str, shape: tuple, c: Qwen3NextConfig) -> list:
         else:
             parts = [(h * G * V, h * P + 2 * K + G * V, G * V) for h in range(HK)]
         return [[(name, ())], [(src, (slice(d, d + n),), (s, s + n)) for d, s, n in parts]]
-    if name.endswith("linear_attn.in_proj_b.weight") or name.endswith("linear_attn.in_proj_a.weight"):
+    if name.endswith(("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight")):
         off = 0 if name.endswith("in_proj_b.weight") else G
         return [[(name, ())], [(base + "in_proj_ba.weight", (slice(h * G, (h + 1) * G),),
                                 (h * 2 * G + off, h * 2 * G + off + G)) for h in range(HK)]]

@@ -152,7 +152,7 @@ class Qwen3NextConfig:
             + self.linear_num_value_heads * self.linear_value_head_dim
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Qwen3NextConfig":
+    def from_dict(cls, d: dict) -> Qwen3NextConfig:
         if not isinstance(d, dict):
             raise KernelgateError(f"config: config.json must hold a JSON object, got {type(d).__name__}")
         model_type = d.get("model_type", "qwen3_next")
@@ -214,9 +214,9 @@ class Qwen3NextConfig:
 
 def tiny(**overrides) -> Qwen3NextConfig:
     """A small Qwen3-Next-shaped model (3 GDN layers, 1 full attention, GVA 2 -> 4 heads)."""
-    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-              linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_token=2,
-              moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    kw = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+              "linear_key_head_dim": 16, "linear_value_head_dim": 8, "num_experts": 4, "num_experts_per_token": 2,
+              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
     kw.update(overrides)
     return Qwen3NextConfig(**kw)

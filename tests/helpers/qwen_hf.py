@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-TINY = dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-            linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-            shared_expert_intermediate_size=48, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2)
+TINY = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48, "max_position_embeddings": 512, "pad_token_id": 0, "bos_token_id": 1,
+            "eos_token_id": 2}
 
 
 def _perturb(model, seed: int):
@@ -39,12 +39,16 @@ def tiny_qwen3_next(seed: int = 0, **overrides):
 def tiny_qwen3_5_moe(seed: int = 0, multimodal: bool = True):
     """HF Qwen3.5-MoE: the multimodal ForConditionalGeneration (a one-block vision tower) or
     the text-only ForCausalLM."""
-    from transformers import (Qwen3_5MoeConfig, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
-                              Qwen3_5MoeTextConfig)
+    from transformers import (
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeForConditionalGeneration,
+        Qwen3_5MoeTextConfig,
+    )
     torch.manual_seed(seed)
     text = {k: v for k, v in TINY.items()}
     if multimodal:
-        vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64)
+        vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "out_hidden_size": 64}
         model = Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
     else:
         model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text))

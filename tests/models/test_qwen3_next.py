@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 import torch
+from helpers.qwen_hf import hf_greedy, tiny_qwen3_5_moe, tiny_qwen3_next
 
 import kernelgate
 from kernelgate import KernelgateError
 from kernelgate.models.qwen3_next_config import Qwen3NextConfig
 from kernelgate.tools.testing import rel_err
-from helpers.qwen_hf import hf_greedy, tiny_qwen3_5_moe, tiny_qwen3_next
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def hf(tmp_path_factory):
         m.save_pretrained(root / name)
     models["next"].save_pretrained(root / "next_sharded", max_shard_size="100KB")   # index + shards
     ids = torch.randint(3, 256, (2, 65), generator=torch.Generator().manual_seed(0))
-    return dict(models=models, root=root, ids=ids)
+    return {"models": models, "root": root, "ids": ids}
 
 
 def _ref(hf, name, ids):
@@ -65,8 +65,8 @@ def test_greedy_matches_hf_chunked_and_resumed(hf, name):
     model = kernelgate.load_model(hf["root"] / name)
     ref = hf["models"][name]
     ids = hf["ids"]
-    kw = dict(max_new_tokens=5, stop_token_ids=(), block_size=8, max_num_batched_tokens=16, max_model_len=128,
-              max_num_seqs=4)
+    kw = {"max_new_tokens": 5, "stop_token_ids": (), "block_size": 8, "max_num_batched_tokens": 16, "max_model_len": 128,
+              "max_num_seqs": 4}
     first = [ids[0, :40].tolist(), ids[1, :1].tolist(), ids[1, :19].tolist()]
     got = kernelgate.generate(model, first, **kw)
     for p, r in zip(first, got):
@@ -111,12 +111,12 @@ def test_mtp_tensors_skipped_and_named(hf, tmp_path):
 
 
 @pytest.mark.parametrize("bad, field", [
-    (dict(linear_num_value_heads=3), "linear_num_value_heads 3 is not a multiple of linear_num_key_heads"),
-    (dict(partial_rotary_factor=0.01), "partial_rotary_factor"),
-    (dict(layer_types=["linear_attention", "mamba"], num_hidden_layers=2), "layer_types"),
-    (dict(num_key_value_heads=3), "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    (dict(hidden_act="gelu"), "hidden_act"),
-    (dict(num_experts_per_token=9), "num_experts_per_tok 9 > num_experts"),
+    ({"linear_num_value_heads": 3}, "linear_num_value_heads 3 is not a multiple of linear_num_key_heads"),
+    ({"partial_rotary_factor": 0.01}, "partial_rotary_factor"),
+    ({"layer_types": ["linear_attention", "mamba"], "num_hidden_layers": 2}, "layer_types"),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"num_experts_per_token": 9}, "num_experts_per_tok 9 > num_experts"),
 ])
 def test_bad_config_one_line(bad, field):
     from kernelgate.models.qwen3_next_config import tiny
@@ -136,3 +136,21 @@ def test_config_reads_old_style_rope_and_interval():
 def test_tensor_parallel_refused(hf):
     with pytest.raises(KernelgateError, match="tensor / expert parallel is not supported"):
         kernelgate.load_model(hf["root"] / "next", tensor_parallel_size=2)
+
+
+def test_simulated_xpu_matches_hf(hf):
+    """The portable Triton kernels (GDN prefill / packed decode, short conv, paged attention,
+    routing, experts, norms) on the XPU dispatch path, under the interpreter."""
+    from kernelgate import platform, registry
+    if not platform.interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 (as in CI) so XPU's Triton kernels run on CPU")
+    model = kernelgate.load_model(hf["root"] / "next")
+    registry._plan.clear()
+    ids = hf["ids"]
+    with platform.simulate("xpu"):
+        out = model(ids[:1, :9])
+        got = kernelgate.generate(model, [ids[0, :5].tolist()], max_new_tokens=2, stop_token_ids=())
+    assert rel_err(out, _ref(hf, "next", ids[:1, :9])) < 1e-4
+    assert got[0].token_ids == hf_greedy(hf["models"]["next"], ids[0, :5].tolist(), 2)
+    used = {op: impls for op, impls in registry.plan().items() if set(impls) - {"native"}}
+    assert {"gdn_prefill", "gdn_packed_decode", "paged_attention_decode"} <= set(used), registry.plan()

@@ -21,7 +21,13 @@ from ...config import EngineConfig
 from ...distributed import launch
 from ...errors import KernelgateError
 from ...models.config import KimiLinearConfig
-from ...models.loader import _dtype, load_model, load_tokenizer, read_config, save_checkpoint
+from ...models.loader import (
+    _dtype,
+    load_model,
+    load_tokenizer,
+    read_config,
+    save_checkpoint,
+)
 from ...models.parallel import check_config
 from ..plan import StepPlan
 from .rank_runner import RankRunner
@@ -40,7 +46,7 @@ class DriverRunner(RankRunner):
 
     feeds_back = False    # the ranks get host token ids: a step cannot take the last one's unread tokens
 
-    def __init__(self, owner: "ParallelModel", config: EngineConfig):
+    def __init__(self, owner: ParallelModel, config: EngineConfig):
         self.owner = owner
         super().__init__(owner.workers.groups, owner.shard, config)
 
