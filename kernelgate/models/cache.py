@@ -1,5 +1,8 @@
 """The caches the layers read and write, one set of tensors per layer.
 
+A `LayerCache` is built from the model's specs (per-slot and per-block tensors by kind); Kimi
+Linear's is `KVCache`:
+
     KDA layer : recurrent state [S, H, K, V] fp32 (K-first, fla's layout) and
                 conv state      [S, 3*H*K, W-1] (last W-1 inputs of q|k|v, model dtype),
                 one slot per sequence in flight (fixed size: the point of linear attention)
@@ -7,6 +10,10 @@
                 (model dtype): the normalised compressed KV and the shared NoPE "rope" key per
                 position; a sequence holds as many blocks as its length needs (layout:
                 kernelgate/ops/mla/paged.py)
+
+Qwen3-Next / Qwen3.5 (qwen3_next.py's cache_specs): per Gated DeltaNet layer a recurrent state
+[S, HV, K, V] fp32 and a conv state [S, 2*HK*K + HV*V, W-1]; per full-attention layer K and V
+caches [num_blocks, block_size, Hkv, Dh] (kernelgate/ops/attention/paged.py).
 
 Who owns which slot / block is the engine's business (its block manager); a slot or block
 handed to a new owner is zeroed first (`clear`), so nothing of its last owner -- not even a
@@ -28,16 +35,12 @@ from .. import alloc
 
 def slot_bytes(config, dtype: torch.dtype, tp_size: int = 1) -> int:
     """Bytes one sequence's KDA + conv states take over all layers (on one of tp_size ranks)."""
-    c = config
-    H, K, W = c.linear_num_heads // tp_size, c.linear_head_dim, c.conv_kernel_size
-    per = H * K * K * 4 + 3 * H * K * (W - 1) * dtype.itemsize
-    return per * sum(t == "kda" for t in c.layer_types)
+    return spec_bytes(kimi_specs(config, dtype, tp_size)[0])
 
 
 def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one cache block takes over all MLA layers."""
-    c = config
-    return block_size * (c.kv_lora_rank + c.qk_rope_head_dim) * dtype.itemsize * sum(t == "mla" for t in c.layer_types)
+    return block_size * spec_bytes(kimi_specs(config, dtype)[1])
 
 
 class LayerCache:
