@@ -83,6 +83,7 @@ class ParallelModel:
         if not isinstance(config, KimiLinearConfig):
             raise KernelgateError(f"load_model: tensor / expert parallel is not supported for model_type "
                                   f"{config.model_type!r} yet (tensor_parallel_size {size}); use tensor_parallel_size=1")
+        if not isinstance(source, (str, Path)):
             self._tmp = tempfile.TemporaryDirectory(prefix="kernelgate-tp-")
             folder = save_checkpoint(source, self._tmp.name)
             dtype = dtype or source.dtype
