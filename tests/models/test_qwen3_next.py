@@ -20,7 +20,9 @@ def hf(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen")
     models = {"next": tiny_qwen3_next(seed=0, mlp_only_layers=[1]),     # a dense MLP layer too
               "q35": tiny_qwen3_5_moe(seed=1, multimodal=True),
-              "q35_text": tiny_qwen3_5_moe(seed=2, multimodal=False)}
+              "q35_text": tiny_qwen3_5_moe(seed=2, multimodal=False),
+              # the shared expert as wide as a routed one: stacked with them into one fused_experts call
+              "next_stacked": tiny_qwen3_next(seed=3, shared_expert_intermediate_size=32, norm_topk_prob=False)}
     for name, m in models.items():
         m.save_pretrained(root / name)
     models["next"].save_pretrained(root / "next_sharded", max_shard_size="100KB")   # index + shards
@@ -33,7 +35,7 @@ def _ref(hf, name, ids):
         return hf["models"][name](input_ids=ids).logits
 
 
-@pytest.mark.parametrize("name", ["next", "next_sharded", "q35", "q35_text"])
+@pytest.mark.parametrize("name", ["next", "next_sharded", "q35", "q35_text", "next_stacked"])
 def test_logits_match_hf(hf, name):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -41,6 +43,7 @@ def test_logits_match_hf(hf, name):
     skipped = [str(x.message) for x in w if "checkpoint-only" in str(x.message)]
     assert len(skipped) == (1 if name == "q35" else 0), skipped               # the vision tower, named once
     assert type(model).__name__ == "Qwen3NextForCausalLM"
+    assert model.model.layers[0].mlp.stacked == (name == "next_stacked")
     ref = _ref(hf, name.replace("_sharded", ""), hf["ids"])
     out = model(hf["ids"])                                   # B2-T65: crosses a 64-token chunk
     assert out.shape == ref.shape
@@ -58,7 +61,7 @@ def test_config_from_hf(hf):
     assert c.model_type == "qwen3_5_moe" and c.mlp_types == ["moe"] * 4 and c.intermediate_size is None
 
 
-@pytest.mark.parametrize("name", ["next", "q35"])
+@pytest.mark.parametrize("name", ["next", "q35", "next_stacked"])
 def test_greedy_matches_hf_chunked_and_resumed(hf, name):
     """Engine: prompts prefill in 16-token chunks; the second call's prompt extends the first
     one's and resumes from the prefix cache (blocks shared, GDN states restored)."""
