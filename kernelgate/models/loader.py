@@ -456,6 +456,9 @@ def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
     """Write a (single-process) model as config.json + model.safetensors in this package's own
     parameter names, which load_model reads back (whole, or one shard per rank)."""
     from safetensors.torch import save_file
+    if not hasattr(model.config, "to_checkpoint"):
+        raise KernelgateError(f"save_checkpoint: writes Kimi Linear checkpoints only, not model_type "
+                              f"{getattr(model.config, 'model_type', '?')!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_checkpoint()
