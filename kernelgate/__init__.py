@@ -32,7 +32,8 @@ def __getattr__(name: str):
 
 def load_model(path, device=None, dtype=None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
                quantization=None):
-    """Load a Kimi Linear checkpoint folder (safetensors + config.json) -> model. Parameters are
+    """Load a checkpoint folder (safetensors + config.json) -> model; the family from config.json's
+    model_type (kimi_linear, qwen3_next, qwen3_5_moe, qwen3_5_moe_text). Parameters are
     allocated once in their final dtype on `device`; tensors stream from the files into them.
     With tensor_parallel_size N > 1: N processes (this one is rank 0) each read only their shard
     -> a ParallelModel, which generate() / Engine run sharded. quantization="fp8": projections and

@@ -18,7 +18,7 @@ from .kda import KimiDeltaAttention
 from .layers import MLP, MoE, RMSNorm
 from .mla import MLAttention
 from . import quant
-from .parallel import SINGLE, Parallel, VocabEmbedding, allocate_fused, column, param_dtype
+from .parallel import SINGLE, Parallel, VocabEmbedding, column, materialize
 
 
 class DecoderLayer(nn.Module):
@@ -163,17 +163,7 @@ def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int 
         model = KimiLinearForCausalLM(config, par)
     if fp8 is not None:
         quant.convert(model, fp8)
-    fused = set()
-    for mod in model.modules():          # projections stored as one matrix (parallel.fuse)
-        fused |= allocate_fused(mod, dtype, device)
-    for mod_name, mod in model.named_modules():
-        for pname, p in list(mod._parameters.items()):
-            if p is None or (id(mod), pname) in fused:
-                continue
-            full = f"{mod_name}.{pname}" if mod_name else pname
-            want = param_dtype(mod, pname, torch.float32 if full.endswith(FP32_PARAMS) else dtype)
-            mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=want, device=device),
-                                                  requires_grad=False)
+    materialize(model, dtype, device, FP32_PARAMS)
     if seed is not None:
         with torch.no_grad():
             random_weights(model, seed)

@@ -31,6 +31,23 @@ class RMSNorm(nn.Module):
         return ops.gated_rms_norm(x, self.weight, None, self.eps, residual=residual, prenorm=True)
 
 
+class OffsetRMSNorm(nn.Module):
+    """Zero-centred RMSNorm (Qwen3-Next, Qwen3.5): rms(x) * (1 + w), over the last dim, w in fp32
+    math (the weight is stored as trained: near 0)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = _param(dim)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """rms(x) * (1 + w); with `residual`: (rms(x + residual) * (1 + w), x + residual) in one pass."""
+        w = self.weight.float() + 1.0
+        if residual is None:
+            return ops.gated_rms_norm(x, w, None, self.eps)
+        return ops.gated_rms_norm(x, w, None, self.eps, residual=residual, prenorm=True)
+
+
 class MLP(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x)); the dense first layer(s) and the shared expert."""
 

@@ -1,4 +1,11 @@
-"""Load a Kimi Linear checkpoint: config.json + safetensors (one file, or shards with an index).
+"""Load a checkpoint: config.json + safetensors (one file, or shards with an index). The model
+family comes from config.json's `model_type` (FAMILIES): Kimi Linear, or the Gated DeltaNet
+hybrids Qwen3-Next / Qwen3.5-MoE (text part; the multimodal checkpoint's
+`model.language_model.*` names are read as `model.*`). Checkpoint-only tensors a family does
+not use (multi-token-prediction `mtp.*`, the vision tower `model.visual.*`) are skipped and
+named once in a warning.
+
+Kimi Linear's layouts:
 
 Two layouts are read, by name:
   released (moonshotai; also HF `save_pretrained`'s default "original format"):
@@ -24,15 +31,19 @@ import torch
 
 from ..errors import KernelgateError
 from ..platform import default_device
+from . import qwen3_next
 from .config import KimiLinearConfig
 from . import quant, quant_load
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
 from .parallel import SINGLE, Parallel, shard_specs
+from .qwen3_next_config import Qwen3NextConfig
 from .safetensors_file import SafetensorsFile, Stager, TensorInfo, read_into, read_slice_into
 
 _RENAMES = [(re.compile(r"\.block_sparse_moe\."), ".mlp."),
-            (re.compile(r"\.self_attn\.forget_gate\."), ".self_attn.")]
+            (re.compile(r"\.self_attn\.forget_gate\."), ".self_attn."),
+            (re.compile(r"^model\.language_model\."), "model.")]
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.num_batches_tracked)$")
+_EXTRAS = re.compile(r"^(mtp\.|model\.visual\.)")   # checkpoint-only: skipped, named once
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tiktoken.model")
 
 
@@ -181,6 +192,44 @@ def _fits(src: tuple, dst: tuple) -> bool:
     return tuple(d for d in src if d != 1) == tuple(d for d in dst if d != 1)
 
 
+class Family:
+    """One model family: its config class, model builder and checkpoint-name recipes."""
+
+    def __init__(self, name: str, config_cls, model_cls, build, recipes):
+        self.name, self.config_cls, self.model_cls, self.build, self.recipes = \
+            name, config_cls, model_cls, build, recipes
+
+
+KIMI = Family("Kimi Linear", KimiLinearConfig, KimiLinearForCausalLM, build, _recipes)
+QWEN = Family("Qwen3-Next / Qwen3.5-MoE", Qwen3NextConfig, qwen3_next.Qwen3NextForCausalLM, qwen3_next.build,
+              qwen3_next.recipes)
+FAMILIES = {"kimi_linear": KIMI, "qwen3_next": QWEN, "qwen3_5_moe": QWEN, "qwen3_5_moe_text": QWEN}
+
+
+def family_of(model) -> Family:
+    return next((f for f in (KIMI, QWEN) if isinstance(model, f.model_cls)), KIMI)
+
+
+def read_config(folder) -> tuple:
+    """config.json of a checkpoint folder -> (Family, config); the family from `model_type`
+    (a config.json without one is read as Kimi Linear's)."""
+    path = Path(folder)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise KernelgateError(f"load_model: no config.json at {path}")
+    try:
+        d = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise KernelgateError(f"load_model: {path} is not JSON ({e})") from None
+    kind = d.get("model_type", "kimi_linear") if isinstance(d, dict) else "kimi_linear"
+    if kind not in FAMILIES:
+        raise KernelgateError(f"load_model: model_type {kind!r} in {path} is not supported "
+                              f"(supported: {', '.join(sorted(FAMILIES))})")
+    fam = FAMILIES[kind]
+    return fam, fam.config_cls.from_dict(d)
+
+
 def _full_shape(p: torch.Tensor, spec, size: int) -> tuple:
     shape = list(p.shape)
     if spec is not None:
@@ -188,35 +237,41 @@ def _full_shape(p: torch.Tensor, spec, size: int) -> tuple:
     return tuple(shape)
 
 
-def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
+def _plan(model, ckpt, warn: bool = True) -> list:
     """Check every parameter against the checkpoint headers (nothing read yet) ->
     [(param, [(source, slice)])]; every mismatch is reported together in one error.
     Shapes and slices are those of the full (unsharded) parameter."""
     plan, used, missing, misshaped, wrong_dtype = [], set(), [], [], []
     specs, size = shard_specs(model), model.par.size
     scales = quant.fp8_tensors(model)[1]
+    fam = family_of(model)
     for name, p in model.named_parameters():
         if name in scales:       # filled with their FP8 weights
             continue
         full = torch.empty(_full_shape(p, specs.get(name), size), device="meta")
-        recipes = _recipes(name, tuple(full.shape), model.config)
-        found = next((r for r in recipes if all(s in ckpt for s, _ in r)), None)
+        recipes = fam.recipes(name, tuple(full.shape), model.config)
+        found = next((r for r in recipes if all(s in ckpt for s, *_ in r)), None)
         if found is None:
             # report against the layout the checkpoint is closest to; its present parts are not "unexpected"
-            best = max(recipes, key=lambda r: sum(s in ckpt for s, _ in r))
-            absent = [s for s, _ in best if s not in ckpt]
-            used.update(s for s, _ in best if s in ckpt)
-            missing.append(name if [s for s, _ in best] == [name] else f"{name} (needs {', '.join(absent[:8])}"
+            best = max(recipes, key=lambda r: sum(s in ckpt for s, *_ in r))
+            absent = list(dict.fromkeys(s for s, *_ in best if s not in ckpt))
+            used.update(s for s, *_ in best if s in ckpt)
+            missing.append(name if [s for s, *_ in best] == [name] else f"{name} (needs {', '.join(absent[:8])}"
                            + (f" and {len(absent) - 8} more" if len(absent) > 8 else "") + ")")
             continue
-        used.update(s for s, _ in found)
+        used.update(s for s, *_ in found)
         ok = True
-        for src, idx in found:
+        for src, idx, *rows in found:
             want = tuple(full[idx].shape) if idx else tuple(full.shape)
-            if not _fits(ckpt.shape(src), want):
+            have = ckpt.shape(src)
+            if rows:       # rows (a, b) of the source's first dim
+                (a, b), = rows
+                have = (b - a,) + tuple(have[1:]) if have and 0 <= a < b <= have[0] else ()
+            if not _fits(have, want):
                 where = "model" if src == name else f"model slice {list(idx) if idx else ''}".rstrip()
                 label = name if src == name else f"{name} <- {src}"
-                misshaped.append(f"{label}: checkpoint {ckpt.shape(src)} != {where} {want}")
+                misshaped.append(f"{label}: checkpoint {ckpt.shape(src)}{f' rows {rows[0]}' if rows else ''} "
+                                 f"!= {where} {want}")
                 ok = False
             elif not ckpt.dtype(src).is_floating_point:
                 wrong_dtype.append(f"{src}: checkpoint {str(ckpt.dtype(src)).replace('torch.', '')} "
@@ -227,12 +282,18 @@ def _plan(model: KimiLinearForCausalLM, ckpt) -> list:
         if ok:
             plan.append((name, p, found))
     unexpected = sorted(n for n in ckpt.where if n not in used and not _IGNORED.search(n))
+    extras = [n for n in unexpected if fam is QWEN and _EXTRAS.match(n)]
+    if warn and extras and not missing and not misshaped and not wrong_dtype:
+        groups = sorted({_EXTRAS.match(n).group(1) for n in extras})
+        warnings.warn(f"kernelgate: load_model skips {len(extras)} checkpoint-only tensors the {fam.name} "
+                      f"text model does not use ({', '.join(g + '*' for g in groups)})", stacklevel=3)
+    unexpected = [n for n in unexpected if n not in extras]
     if missing or unexpected or misshaped or wrong_dtype:
         def lst(title, items):
             more = f" ... and {len(items) - 20} more" if len(items) > 20 else ""
             return f"\n  {title} ({len(items)}): " + "; ".join(items[:20]) + more if items else ""
         raise KernelgateError(f"load_model: checkpoint {getattr(ckpt, 'folder', 'tensors')} does not match the "
-                              "Kimi Linear config" + lst("missing", missing) + lst("unexpected", unexpected)
+                              f"{fam.name} config" + lst("missing", missing) + lst("unexpected", unexpected)
                               + lst("mis-shaped", misshaped) + lst("wrong dtype", wrong_dtype))
     return plan
 
@@ -243,8 +304,13 @@ def _progress(total: int):
         return (lambda n: None), (lambda: None)
     try:
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
     except ImportError:
         return (lambda n: None), (lambda: None)
     bar = Progress("[bold]loading weights", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -312,8 +378,9 @@ def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
     specs = shard_specs(model)
     plan = _plan(model, ckpt)
     fp8, fmt, checks = quant.fp8_params(model), getattr(ckpt, "fp8", None), []
-    jobs = [(name, p, src, piece) for name, p, sources in plan for src, idx in sources
-            for piece in _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx)]
+    jobs = [(name, p, src, piece) for name, p, sources in plan for src, idx, *rows in sources
+            for piece in ([(tuple(idx), 0, *rows[0])] if rows else          # rows (a, b) of the source
+                          _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx))]
     nbytes = [ckpt.nbytes(src) * (1 if sd is None else (b - a) / ckpt.shape(src)[sd])
               for _, _, src, (_, sd, a, b) in jobs]
     update, close = _progress(int(sum(nbytes)))
@@ -341,8 +408,8 @@ def _fp8_in_checkpoint(model: KimiLinearForCausalLM, ckpt) -> set:
     specs, out = shard_specs(model), set()
     for name, p in model.named_parameters():
         recipes = _recipes(name, _full_shape(p, specs.get(name), model.par.size), model.config)
-        found = next((r for r in recipes if all(s in ckpt for s, _ in r)), None)
-        if found and all(ckpt.dtype(s) == quant.FP8 for s, _ in found):
+        found = next((r for r in recipes if all(s in ckpt for s, *_ in r)), None)
+        if found and all(ckpt.dtype(s) == quant.FP8 for s, *_ in found):
             out.add(name)
     return out
 
@@ -350,8 +417,7 @@ def _fp8_in_checkpoint(model: KimiLinearForCausalLM, ckpt) -> set:
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def check_sizes(config: KimiLinearConfig, ckpt, par: Parallel = SINGLE, dtype=torch.float32,
-                quantization=None):
+def check_sizes(config, ckpt, par: Parallel = SINGLE, dtype=torch.float32, quantization=None):
     """The config against the checkpoint's tensor headers, before any parameter is allocated:
     its layer count first (from the tensor names: no model is built for a config of 100,000
     layers over a 4-layer checkpoint), then every parameter's shape on a model built on the
@@ -372,16 +438,23 @@ def check_sizes(config: KimiLinearConfig, ckpt, par: Parallel = SINGLE, dtype=to
     if bad:
         raise KernelgateError(f"load_model: checkpoint {ckpt.folder} does not match config.json: " + "; ".join(bad[:4])
                               + (f" ... and {len(bad) - 4} more" if len(bad) > 4 else ""))
+    fam = next(f for f in (KIMI, QWEN) if isinstance(config, f.config_cls))
     fp8 = quant.scheme(quantization, "load_model")
+    if fam is not KIMI:
+        if fp8 is not None or getattr(ckpt, "fp8", None) is not None:
+            raise KernelgateError(f"load_model: FP8 weights (quantization='fp8' or an FP8 checkpoint) are "
+                                  f"supported for kimi_linear only, not {fam.name}")
+        _plan(fam.build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt, warn=False)
+        return None
     if getattr(ckpt, "fp8", None) is not None:
         fmt = ckpt.fp8
         chosen = _fp8_in_checkpoint(build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt)
         fp8 = quant.Fp8(fmt.block, chosen.__contains__, sliced=True)
-    _plan(build(config, device="meta", dtype=dtype, seed=None, par=par, quantization=fp8), ckpt)
+    _plan(build(config, device="meta", dtype=dtype, seed=None, par=par, quantization=fp8), ckpt, warn=False)
     return fp8
 
 
-def _dtype(dtype, config: KimiLinearConfig) -> torch.dtype:
+def _dtype(dtype, config) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     name = dtype or config.dtype or "float32"
@@ -416,25 +489,27 @@ def load_tokenizer(folder: Path):
         return None
 
 
-def load_model(path, device=None, dtype=None, par: Parallel = SINGLE, quantization=None) -> KimiLinearForCausalLM:
-    """Load a Kimi Linear checkpoint folder. dtype: None = the checkpoint's (config "dtype").
+def load_model(path, device=None, dtype=None, par: Parallel = SINGLE, quantization=None):
+    """Load a checkpoint folder of a supported family (FAMILIES, by config.json's model_type).
+    dtype: None = the checkpoint's (config "dtype").
     par: load only this rank's shard (kernelgate.models.parallel).
-    quantization: "fp8" quantizes the projections and experts of a bf16 / fp32 checkpoint to 128 x 128
-    block FP8 as they stream. An FP8 checkpoint (quantization_config) loads as published either way:
-    its FP8 weights stay FP8, the rest in `dtype` (models/quant.py)."""
+    quantization: "fp8" quantizes the projections and experts of a bf16 / fp32 Kimi Linear checkpoint
+    to 128 x 128 block FP8 as they stream. An FP8 checkpoint (quantization_config) loads as published
+    either way: its FP8 weights stay FP8, the rest in `dtype` (models/quant.py)."""
     quant.scheme(quantization, "load_model")
     if not isinstance(path, (str, os.PathLike)):
         raise KernelgateError(f"load_model: path must be a folder path (str or os.PathLike), got {type(path).__name__}")
     folder = Path(path)
     if not folder.is_dir():
         raise KernelgateError(f"load_model: {path} is not a folder")
-    config = KimiLinearConfig.from_file(folder)
+    fam, config = read_config(folder)
     dt = _dtype(dtype, config)
     dev = _device(device)
     ckpt = _open(folder)
     try:
         fp8 = check_sizes(config, ckpt, par, dt, quantization)
-        model = build(config, device=dev, dtype=dt, seed=None, par=par, quantization=fp8)
+        model = (fam.build(config, device=dev, dtype=dt, seed=None, par=par) if fam is not KIMI
+                 else build(config, device=dev, dtype=dt, seed=None, par=par, quantization=fp8))
         with torch.no_grad():
             _fill(model, ckpt)
     finally:
@@ -447,6 +522,9 @@ def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
     """Write a (single-process) model as config.json + model.safetensors in this package's own
     parameter names, which load_model reads back (whole, or one shard per rank)."""
     from safetensors.torch import save_file
+    if not hasattr(model.config, "to_checkpoint"):
+        raise KernelgateError(f"save_checkpoint: writes Kimi Linear checkpoints only, not model_type "
+                              f"{getattr(model.config, 'model_type', '?')!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_checkpoint()
@@ -458,4 +536,4 @@ def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
     return folder
 
 
-__all__ = ["load_model", "load_weights", "save_checkpoint", "FP32_PARAMS"]
+__all__ = ["load_model", "load_weights", "read_config", "save_checkpoint", "FAMILIES", "FP32_PARAMS"]

@@ -136,6 +136,24 @@ def param_dtype(module: nn.Module, pname: str, default):
     return module.__dict__.get("_dtypes", {}).get(pname, default)
 
 
+def materialize(model: nn.Module, dtype, device, fp32: tuple = ()) -> nn.Module:
+    """Allocate every parameter of a model built on the meta device, once, in its final dtype on
+    `device` (fused matrices and stacked tensors first; parameters whose names end with one of
+    `fp32` in float32, FP8 codes and scales in theirs: param_dtype), uninitialised."""
+    fused = set()
+    for mod in model.modules():
+        fused |= allocate_fused(mod, dtype, device)
+    for mod_name, mod in model.named_modules():
+        for pname, p in list(mod._parameters.items()):
+            if p is None or (id(mod), pname) in fused:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            want = param_dtype(mod, pname, torch.float32 if full.endswith(fp32) else dtype)
+            mod._parameters[pname] = nn.Parameter(torch.empty(p.shape, dtype=want, device=device),
+                                                  requires_grad=False)
+    return model
+
+
 def column(in_f: int, out_f: int, par: Parallel, what: str, segments: int = 1, quantize: bool = True) -> nn.Linear:
     """Linear whose output features (`segments` fused parts) are split over the ranks.
     quantize=False: kept in the model dtype in an FP8 model (a weight read as a tensor, not called)."""

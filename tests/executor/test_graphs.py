@@ -268,3 +268,15 @@ def test_mixed_step_decodes_meet_captured_shapes(model, fake_graphs, monkeypatch
     assert padded, shapes                                         # some mixed step's decodes were padded
     for (nb, width), empty in shapes:
         assert (nb, width * 8) in captured, (nb, width, captured)   # every absorbed call: a captured shape
+
+
+def test_graph_decode_equals_eager_gated_deltanet(fake_graphs):
+    """The Qwen3-Next family through captured decode: GDN states in slots, K/V in paged blocks,
+    rotary positions from the captured batch's device-side starts."""
+    from kernelgate.models import qwen3_next, qwen3_next_config
+    qwen = qwen3_next.build(qwen3_next_config.tiny(vocab_size=128), seed=0)
+    prompts = _prompts()
+    _, eager = _decode_logits(qwen, prompts, 6, graphs_on=False)
+    runner, got = _decode_logits(qwen, prompts, 6, graphs_on=True)
+    assert runner.graphs is not None and runner.graphs.graphs
+    assert got == eager

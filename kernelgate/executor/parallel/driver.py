@@ -22,7 +22,13 @@ from ...distributed import launch
 from ...errors import KernelgateError
 from ...models import quant
 from ...models.config import KimiLinearConfig
-from ...models.loader import _dtype, load_model, load_tokenizer, save_checkpoint
+from ...models.loader import (
+    _dtype,
+    load_model,
+    load_tokenizer,
+    read_config,
+    save_checkpoint,
+)
 from ...models.parallel import check_config
 from ..plan import StepPlan
 from .rank_runner import RankRunner
@@ -41,7 +47,7 @@ class DriverRunner(RankRunner):
 
     feeds_back = False    # the ranks get host token ids: a step cannot take the last one's unread tokens
 
-    def __init__(self, owner: "ParallelModel", config: EngineConfig):
+    def __init__(self, owner: ParallelModel, config: EngineConfig):
         self.owner = owner
         super().__init__(owner.workers.groups, owner.shard, config)
 
@@ -71,10 +77,14 @@ class ParallelModel:
             folder = Path(source)
             if not folder.is_dir():
                 raise KernelgateError(f"load_model: {source} is not a folder")
-            config = KimiLinearConfig.from_file(folder)
+            config = read_config(folder)[1]
             tokenizer = None
         else:
             config, tokenizer = source.config, getattr(source, "tokenizer", None)
+        if not isinstance(config, KimiLinearConfig):
+            raise KernelgateError(f"load_model: tensor / expert parallel is not supported for model_type "
+                                  f"{config.model_type!r} yet (tensor_parallel_size {size}); use tensor_parallel_size=1")
+        if not isinstance(source, (str, Path)):
             self._tmp = tempfile.TemporaryDirectory(prefix="kernelgate-tp-")
             folder = save_checkpoint(source, self._tmp.name)
             dtype = dtype or source.dtype

@@ -1,0 +1,75 @@
+"""Gated full attention of Qwen3-Next / Qwen3.5 (GQA over a paged K/V cache).
+
+    q, gate = q_proj(x) per head [Dh | Dh]          (each head's query, then its output gate)
+    q, k    = rope(q_norm(q)), rope(k_norm(k_proj(x)))   per-head zero-centred RMSNorm (1 + w),
+                                                          rotary on the first rotary_dim dims
+    o       = o_proj(attn(q, K, V) * sigmoid(gate))
+
+Rotary is the rotate-half form over the first `rotary_dim` = partial_rotary_factor * Dh dims
+(cos / sin per token come from the model, once per step: `rotary`). The step's keys and values
+are written into this layer's paged cache (layout: kernelgate/ops/attention/paged.py) before
+attention reads them; decode steps use `paged_attention_decode`, all others
+`paged_attention_prefill` (chunks attend to their cached prefix).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops
+from .layers import OffsetRMSNorm
+from .parallel import fuse
+
+
+def rotary(positions: torch.Tensor, rotary_dim: int, theta: float) -> tuple:
+    """positions [T] -> (cos, sin) fp32 [T, rotary_dim // 2]."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=positions.device, dtype=torch.float32)
+                               / rotary_dim)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, Dh]: rotate-half rotary on dims [0, 2 * cos.shape[1]), the rest passed through."""
+    h = cos.shape[1]
+    x1, x2, rest = x[..., :h].float(), x[..., h:2 * h].float(), x[..., 2 * h:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([(x1 * c - x2 * s).to(x.dtype), (x2 * c + x1 * s).to(x.dtype), rest], dim=-1)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, c, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        D, H, Hkv, Dh = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.H, self.Hkv, self.Dh = H, Hkv, Dh
+        self.scale = Dh ** -0.5
+        self.q_proj = nn.Linear(D, H * 2 * Dh, bias=False)
+        self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
+        self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        self.q_norm = OffsetRMSNorm(Dh, c.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(Dh, c.rms_norm_eps)
+        fuse(self, "qkv_proj", ["q_proj", "k_proj", "v_proj"])
+
+    def forward(self, x: torch.Tensor, batch, cache, rope: tuple) -> torch.Tensor:
+        """x [T, D] packed tokens of `batch`; rope: (cos, sin) [T, rotary_dim // 2] of their positions."""
+        H, Hkv, Dh = self.H, self.Hkv, self.Dh
+        T = x.shape[0]
+        qg, k, v = F.linear(x, self.qkv_proj).split([2 * H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+        qg = qg.view(T, H, 2 * Dh)
+        gate = qg[..., Dh:].reshape(T, H * Dh)
+        q = apply_rotary(self.q_norm(qg[..., :Dh].contiguous()), *rope)             # [T, H, Dh]
+        k = apply_rotary(self.k_norm(k.reshape(T, Hkv, Dh)), *rope)                  # [T, Hkv, Dh]
+        k_cache, v_cache = cache.k_cache[self.layer_idx], cache.v_cache[self.layer_idx]   # [NB, bs, Hkv, Dh]
+        rows = batch.slot_mapping.long()            # device-side rows: no host sync, capturable
+        k_cache.view(-1, Hkv, Dh).index_copy_(0, rows, k.to(k_cache.dtype))
+        v_cache.view(-1, Hkv, Dh).index_copy_(0, rows, v.reshape(T, Hkv, Dh).to(v_cache.dtype))
+        if batch.decode:
+            o = ops.paged_attention_decode(q, k_cache, v_cache, batch.block_table, batch.seq_lens, self.scale)
+        else:
+            o = ops.paged_attention_prefill(q, k_cache, v_cache, batch.block_table, batch.cu_seqlens,
+                                            batch.seq_lens, self.scale, cu_seqlens_cpu=batch.cu_seqlens_cpu,
+                                            seq_lens_cpu=batch.seq_lens_cpu)          # [T, H, Dh]
+        return self.o_proj(o.reshape(T, H * Dh) * torch.sigmoid(gate))

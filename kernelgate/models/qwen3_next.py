@@ -1,0 +1,217 @@
+"""Qwen3-Next / Qwen3.5-MoE (text): decoder of Gated DeltaNet and gated full-attention layers
+(3:1 in the released models) with sparse MoE MLPs (a gated shared expert each).
+
+Same interface as kimi_linear.py: `model.step(tokens, batch, cache)` runs one engine step over
+a varlen batch (GDN / conv states in slots, K/V in paged blocks of a LayerCache) and returns
+the logits of each sequence's last token; `model(token_ids[B, T])` is a plain full-sequence
+forward. Decoder norms are zero-centred (rms(x) * (1 + w)). Built only from registry ops and
+plain torch: no platform branch here. Single process only (no tensor / expert parallel yet).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import KernelgateError
+from .batch import StepBatch
+from .cache import LayerCache, spec_bytes
+from .gated_attention import GatedAttention, rotary
+from .gdn import GatedDeltaNet
+from .layers import MLP, OffsetRMSNorm
+from .parallel import SINGLE, Parallel, VocabEmbedding, materialize
+from .qwen3_next_config import Qwen3NextConfig
+from .qwen_moe import SparseMoE
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: Qwen3NextConfig, i: int):
+        super().__init__()
+        self.linear = c.layer_types[i] == "linear_attention"
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(c, i)
+        else:
+            self.self_attn = GatedAttention(c, i)
+        self.mlp = SparseMoE(c) if c.mlp_types[i] == "moe" else MLP(c.hidden_size, c.intermediate_size)
+        self.input_layernorm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, residual, batch, cache, rope):
+        """-> (this layer's MLP output, the residual sum before it); adds folded into the norms."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.linear_attn(x, batch, cache) if self.linear else self.self_attn(x, batch, cache, rope)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Backbone(nn.Module):
+    def __init__(self, c: Qwen3NextConfig):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, SINGLE)
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class Qwen3NextForCausalLM(nn.Module):
+    def __init__(self, config: Qwen3NextConfig, par: Parallel = SINGLE):
+        super().__init__()
+        if par.size != 1:
+            raise KernelgateError(f"{config.model_type}: tensor / expert parallel is not supported for this model "
+                                  f"family yet (tensor_parallel_size {par.size}); load it with tensor_parallel_size=1")
+        self.config, self.par = config, par
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tokenizer = None
+        self.requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def tp_size(self) -> int:
+        return 1
+
+    def cache_specs(self, dtype: torch.dtype | None = None) -> tuple:
+        """(slot_specs, block_specs) of the LayerCache: per GDN layer its recurrent state
+        [HV, K, V] fp32 and conv state [C, W-1]; per full-attention layer K and V [Hkv, Dh]."""
+        c, dt = self.config, dtype or self.dtype
+        gdn = [i for i, t in enumerate(c.layer_types) if t == "linear_attention"]
+        attn = [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
+        slot = {"gdn_state": {i: ((c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+                                  torch.float32) for i in gdn},
+                "conv_state": {i: ((c.conv_dim, c.conv_kernel_size - 1), dt) for i in gdn}}
+        kv = ((c.num_key_value_heads, c.head_dim), dt)
+        block = {"k_cache": {i: kv for i in attn}, "v_cache": {i: kv for i in attn}}
+        return slot, block
+
+    def new_cache(self, num_slots: int, num_blocks: int, block_size: int, num_snapshots: int = 0) -> LayerCache:
+        return LayerCache(*self.cache_specs(), num_slots, num_blocks, block_size, self.device, self.dtype,
+                          num_snapshots)
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of one cache block (block_size positions) over all full-attention layers."""
+        return block_size * spec_bytes(self.cache_specs()[1])
+
+    def slot_bytes(self) -> int:
+        """Bytes of one sequence's recurrent + conv states over all GDN layers."""
+        return spec_bytes(self.cache_specs()[0])
+
+    def _rope(self, batch: StepBatch, T: int) -> tuple:
+        """(cos, sin) of every new token's position (starts[i] + its offset in the sequence)."""
+        if batch.decode:
+            pos = batch.starts_dev
+        else:
+            t = torch.arange(T, device=self.device, dtype=batch.cu_seqlens.dtype)
+            seq = torch.searchsorted(batch.cu_seqlens[1:], t, right=True).clamp_(max=batch.num_seqs - 1)
+            pos = t - batch.cu_seqlens[seq] + batch.starts_dev[seq]
+        return rotary(pos, self.config.rotary_dim, self.config.rope_theta)
+
+    def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: LayerCache) -> torch.Tensor:
+        """tokens [T] packed -> final normed hidden states [T, D]."""
+        rope = self._rope(batch, tokens.shape[0])
+        h, residual = self.model.embed_tokens(tokens), None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, batch, cache, rope)
+        return self.model.norm(h, residual)[0]
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, batch: StepBatch, cache: LayerCache) -> torch.Tensor:
+        """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
+        h = self.hidden(tokens, batch, cache)
+        return self.lm_head(h[batch.last_token_index]).float()
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [B, T] (each row one sequence, no padding) -> logits [B, T, V] in model dtype."""
+        if token_ids.dim() != 2 or token_ids.shape[1] == 0:
+            raise KernelgateError(f"Qwen3NextForCausalLM: token_ids must be [B, T] with T >= 1, "
+                                  f"got shape {tuple(token_ids.shape)}")
+        B, T = token_ids.shape
+        cache = self.new_cache(B, B, T)          # one block of exactly T positions per sequence
+        batch = StepBatch.build([T] * B, list(range(B)), [0] * B, self.device, [[i] for i in range(B)], T)
+        batch.decode = False                     # a one-token forward is a prefill, not a decode step
+        h = self.hidden(token_ids.to(self.device).reshape(-1), batch, cache)
+        return self.lm_head(h).view(B, T, -1)
+
+
+def random_weights(model: Qwen3NextForCausalLM, seed: int = 0, std: float = 0.02) -> Qwen3NextForCausalLM:
+    """Seeded random weights shaped like a trained checkpoint (zero-centred norms near 0, GDN
+    decay in range), drawn in place on the model's device in each parameter's own dtype."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("linear_attn.norm.weight"):
+            p.normal_(1.0, 0.1, generator=g)
+        elif "norm" in name:
+            p.normal_(0.0, 0.1, generator=g)
+        elif name.endswith("A_log"):
+            p.uniform_(1, 16, generator=g).log_()
+        elif name.endswith("dt_bias"):
+            p.normal_(0.0, 0.5, generator=g)
+        elif "conv1d" in name:
+            p.normal_(0.0, 0.3, generator=g)
+        else:
+            p.normal_(0.0, std, generator=g)
+    return model
+
+
+FP32_PARAMS = ("A_log", "dt_bias", "mlp.gate.weight")
+
+
+def build(config: Qwen3NextConfig, device=None, dtype=torch.float32, seed: int | None = 0,
+          par: Parallel = SINGLE) -> Qwen3NextForCausalLM:
+    """A model with `config`; seeded random weights unless seed is None (then uninitialised).
+    Every parameter is allocated once, in its final dtype, on `device` (router and decay
+    parameters in fp32: FP32_PARAMS)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
+    device = torch.device(device or "cpu")
+    with torch.device("meta"):
+        model = Qwen3NextForCausalLM(config, par)
+    materialize(model, dtype, device, FP32_PARAMS)
+    if seed is not None:
+        with torch.no_grad():
+            random_weights(model, seed)
+    return model.eval()
+
+
+def recipes(name: str, shape: tuple, c: Qwen3NextConfig) -> list:
+    """Ways to fill parameter `name` from checkpoint tensors (loader.py's format; an entry may
+    name rows (a, b) of its source). Qwen3.5 stores in_proj_qkv / _z / _b / _a as they are here;
+    Qwen3-Next fuses them per key head (in_proj_qkvz: [q_h | k_h | v_h | z_h] for each of the HK
+    heads, v_h and z_h holding its HV // HK value heads; in_proj_ba: [b_h | a_h]). Experts come
+    fused ([E, 2I, D]) or one tensor per expert and projection."""
+    HK, HV, K, V = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    G = HV // HK
+    base = name.rsplit(".", 2)[0] + "."
+    if name.endswith(("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight")):
+        P, src = 2 * K + 2 * G * V, base + "in_proj_qkvz.weight"
+        if name.endswith("qkv.weight"):
+            parts = [(h * K, h * P, K) for h in range(HK)] + [(HK * K + h * K, h * P + K, K) for h in range(HK)] \
+                + [(2 * HK * K + h * G * V, h * P + 2 * K, G * V) for h in range(HK)]
+        else:
+            parts = [(h * G * V, h * P + 2 * K + G * V, G * V) for h in range(HK)]
+        return [[(name, ())], [(src, (slice(d, d + n),), (s, s + n)) for d, s, n in parts]]
+    if name.endswith(("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight")):
+        off = 0 if name.endswith("in_proj_b.weight") else G
+        return [[(name, ())], [(base + "in_proj_ba.weight", (slice(h * G, (h + 1) * G),),
+                                (h * 2 * G + off, h * 2 * G + off + G)) for h in range(HK)]]
+    if name.endswith("experts.gate_up_proj"):
+        base, I = name[: -len("gate_up_proj")], shape[1] // 2
+        return [[(name, ())], [(base + f"{e}.{w}_proj.weight", (e, slice(j * I, (j + 1) * I)))
+                               for e in range(c.num_experts) for j, w in enumerate(("gate", "up"))]]
+    if name.endswith("experts.down_proj"):
+        base = name[: -len("down_proj")]
+        return [[(name, ())], [(base + f"{e}.down_proj.weight", (e,)) for e in range(c.num_experts)]]
+    if name.endswith("gate_up_proj.weight"):
+        base, I = name[: -len("gate_up_proj.weight")], shape[0] // 2
+        return [[(name, ())], [(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
+    if name == "lm_head.weight" and c.tie_word_embeddings:
+        return [[(name, ())], [("model.embed_tokens.weight", ())]]
+    return [[(name, ())]]

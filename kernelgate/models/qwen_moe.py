@@ -1,0 +1,54 @@
+"""Sparse MoE block of Qwen3-Next / Qwen3.5: softmax top-k routing and a gated shared expert.
+
+    w, ids = topk(softmax(router(x)), k)  (renormalised over the k when norm_topk_prob)
+    out    = fused_experts(x, w, ids) + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+
+Routing is `biased_grouped_topk` with softmax scoring, one group and no bias (the same
+selection: ties go to the lower expert id); router logits in fp32 (the router weight is
+kept fp32). Experts use the fused [E, 2I, D] / [E, D, I] layout of layers.Experts.
+
+When the shared expert is as wide as a routed one (the released Qwen3-Next / Qwen3.5 models)
+it is expert E of one stacked weight tensor (its parameters are views into it) and routing
+gives every token a slot for it whose weight is its sigmoid gate: one fused_experts call runs
+both (at decode, one pass over k + 1 experts' weights instead of the routed kernels plus the
+shared MLP's launches).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops
+from .layers import MLP, Experts, _param
+from .parallel import stack
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.k, self.renormalize = c.num_experts_per_token, c.norm_topk_prob
+        self.gate = nn.Module()
+        self.gate.weight = _param(c.num_experts, c.hidden_size, dtype=torch.float32)
+        self.experts = Experts(c)
+        self.shared_expert = None
+        if c.shared_expert_intermediate_size:
+            self.shared_expert = MLP(c.hidden_size, c.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False)
+        self.stacked = c.shared_expert_intermediate_size == c.moe_intermediate_size
+        if self.stacked:
+            stack(self, "gate_up", [("experts", "gate_up_proj"), ("shared_expert.gate_up_proj", "weight")])
+            stack(self, "down", [("experts", "down_proj"), ("shared_expert.down_proj", "weight")])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x.float(), self.gate.weight)                               # [T, E] fp32
+        if self.stacked:
+            weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax",
+                                                   num_fused_shared_experts=1)        # [T, k + 1]: slot k is E
+            weights[:, self.k] = torch.sigmoid(self.shared_expert_gate(x).float()[:, 0])
+            return ops.fused_experts(x, self.gate_up, self.down, weights, ids)
+        weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax")
+        out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
