@@ -18,10 +18,13 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, i
 # one by one (the slowest tests of the family).
 BATCHES = {"L1-G1": ([1], [0], 2, 2), "L63-G2": ([63], [1], 1, 2), "L65_20_7-skip-G4": ([65, 20, 7], [2, -1, 0], 1, 4),
            "L17_1_64-G2": ([17, 1, 64], [3, 0, 1], 2, 4), "L9_5_3-skip-G4": ([9, 5, 3], [2, -1, 0], 1, 4)}
+# (the chunked Triton kernel in bf16 on the one batch that has them all: varlen, a skipped slot, grouped
+# heads, a sequence past a chunk boundary; its bf16 path is in the parity suite too)
 PREFILL = [pytest.param(i.id, d.values[0], b, id=f"{b}-{d.id}-{i.id}") for b in BATCHES for d in DTYPES
            for i in runnable("gdn_prefill")
-           if (i.id == "triton_recurrent") == (b == "L9_5_3-skip-G4") or (i.id == "triton_recurrent" and d.id == "fp32"
-                                                                         and b == "L1-G1")]
+           if ((i.id == "triton_recurrent") == (b == "L9_5_3-skip-G4") or (i.id == "triton_recurrent" and d.id == "fp32"
+                                                                          and b == "L1-G1"))
+           and not (i.id == "triton" and d.id == "bf16" and b != "L65_20_7-skip-G4")]
 K, V = 60, 48
 
 
@@ -80,7 +83,8 @@ def test_prefill_in_two_calls_equals_one(impl, dtype):
     """Chunked prefill: each sequence's first part in one call, the rest in a second (the state
     carries over in its slot) == the whole sequences in one call."""
     need("gdn_prefill", impl)
-    lens, split, slots = [40, 19, 1], [17, 1, 1], [2, 0, 1]
+    # (the recurrent kernel steps token by token under the interpreter: a shorter batch, same splits)
+    lens, split, slots = ([40, 19, 1], [17, 1, 1], [2, 0, 1]) if impl != "triton_recurrent" else ([20, 9, 1], [7, 1, 1], [2, 0, 1])
     args = gdn_inputs(lens, slots, 1, 2, K, V, "cpu", dtype, torch.Generator().manual_seed(7))
     q, k, v, g, beta, state, cu, sl = args
     whole = state.clone()
