@@ -134,23 +134,8 @@ class KimiLinearConfig:
         if self.q_lora_rank is not None and (not _is_int(self.q_lora_rank) or not 1 <= self.q_lora_rank <= MAX_SIZE):
             raise KernelgateError(f"config: q_lora_rank must be null or an int in [1, {MAX_SIZE}], "
                                   f"got {self.q_lora_rank!r}")
-        for name in ("rms_norm_eps", "routed_scaling_factor"):
-            v = getattr(self, name)
-            if not _is_number(v) or not math.isfinite(v) or v <= 0:
-                raise KernelgateError(f"config: {name} must be a positive number, got {type(v).__name__} {v!r}")
-        for name in ("tie_word_embeddings", "moe_renormalize"):
-            if not isinstance(getattr(self, name), bool):
-                raise KernelgateError(f"config: {name} must be true / false, got {getattr(self, name)!r}")
-        for name in ("hidden_act", "scoring"):
-            if not isinstance(getattr(self, name), str):
-                raise KernelgateError(f"config: {name} must be a string, got {getattr(self, name)!r}")
-        if self.bos_token_id is not None and not _is_int(self.bos_token_id):
-            raise KernelgateError(f"config: bos_token_id must be an int, got {self.bos_token_id!r}")
-        if self.dtype is not None and not isinstance(self.dtype, str):
-            raise KernelgateError(f"config: dtype must be a string, got {self.dtype!r}")
-        if not isinstance(self.layer_types, list) or not isinstance(self.mlp_types, list) \
-                or not isinstance(self.eos_token_ids, list):
-            raise KernelgateError("config: layer_types, mlp_types and eos_token_ids must be lists")
+        check_common(self, numbers=("rms_norm_eps", "routed_scaling_factor"),
+                     bools=("tie_word_embeddings", "moe_renormalize"), strings=("hidden_act", "scoring"))
 
     @property
     def qk_head_dim(self) -> int:
@@ -258,6 +243,28 @@ def _short(v: list, bad: list) -> str:
 def _check_layers(n) -> None:
     if not _is_int(n) or not 1 <= n <= MAX_LAYERS:
         raise KernelgateError(f"config: num_hidden_layers must be an int in [1, {MAX_LAYERS}], got {type(n).__name__} {n!r}")
+
+
+def check_common(cfg, numbers: tuple, bools: tuple, strings: tuple) -> None:
+    """The checks every family's config shares: `numbers` positive and finite, `bools` true / false,
+    `strings` strings; bos_token_id, dtype, and the layer / MLP kinds and EOS ids as lists."""
+    for name in numbers:
+        v = getattr(cfg, name)
+        if not _is_number(v) or not math.isfinite(v) or v <= 0:
+            raise KernelgateError(f"config: {name} must be a positive number, got {type(v).__name__} {v!r}")
+    for name in bools:
+        if not isinstance(getattr(cfg, name), bool):
+            raise KernelgateError(f"config: {name} must be true / false, got {getattr(cfg, name)!r}")
+    for name in strings:
+        if not isinstance(getattr(cfg, name), str):
+            raise KernelgateError(f"config: {name} must be a string, got {getattr(cfg, name)!r}")
+    if cfg.bos_token_id is not None and not _is_int(cfg.bos_token_id):
+        raise KernelgateError(f"config: bos_token_id must be an int, got {cfg.bos_token_id!r}")
+    if cfg.dtype is not None and not isinstance(cfg.dtype, str):
+        raise KernelgateError(f"config: dtype must be a string, got {cfg.dtype!r}")
+    if not isinstance(cfg.layer_types, list) or not isinstance(cfg.mlp_types, list) \
+            or not isinstance(cfg.eos_token_ids, list):
+        raise KernelgateError("config: layer_types, mlp_types and eos_token_ids must be lists")
 
 
 def tiny(**overrides) -> KimiLinearConfig:

@@ -13,11 +13,10 @@ Sizes are checked when the config is made (bounds shared with Kimi Linear's conf
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import KernelgateError
-from .config import MAX_SIZE, _check_layers, _is_int, _is_number, _short
+from .config import MAX_SIZE, _check_layers, _is_int, _short, check_common
 
 MODEL_TYPES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 LAYER_KINDS = ("linear_attention", "full_attention")
@@ -123,23 +122,9 @@ class Qwen3NextConfig:
         v = self.intermediate_size
         if v is not None and (not _is_int(v) or not 1 <= v <= MAX_SIZE):
             raise KernelgateError(f"config: intermediate_size must be null or an int in [1, {MAX_SIZE}], got {v!r}")
-        for name in ("rms_norm_eps", "rope_theta", "partial_rotary_factor"):
-            v = getattr(self, name)
-            if not _is_number(v) or not math.isfinite(v) or v <= 0:
-                raise KernelgateError(f"config: {name} must be a positive number, got {type(v).__name__} {v!r}")
-        for name in ("tie_word_embeddings", "norm_topk_prob", "attention_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise KernelgateError(f"config: {name} must be true / false, got {getattr(self, name)!r}")
-        for name in ("hidden_act", "model_type"):
-            if not isinstance(getattr(self, name), str):
-                raise KernelgateError(f"config: {name} must be a string, got {getattr(self, name)!r}")
-        if self.bos_token_id is not None and not _is_int(self.bos_token_id):
-            raise KernelgateError(f"config: bos_token_id must be an int, got {self.bos_token_id!r}")
-        if self.dtype is not None and not isinstance(self.dtype, str):
-            raise KernelgateError(f"config: dtype must be a string, got {self.dtype!r}")
-        if not isinstance(self.layer_types, list) or not isinstance(self.mlp_types, list) \
-                or not isinstance(self.eos_token_ids, list):
-            raise KernelgateError("config: layer_types, mlp_types and eos_token_ids must be lists")
+        check_common(self, numbers=("rms_norm_eps", "rope_theta", "partial_rotary_factor"),
+                     bools=("tie_word_embeddings", "norm_topk_prob", "attention_bias"),
+                     strings=("hidden_act", "model_type"))
 
     @property
     def rotary_dim(self) -> int:
