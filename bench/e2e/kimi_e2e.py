@@ -211,8 +211,8 @@ def decode_floor(model, batch: int, context: int, gbps: float) -> float:
     once at the measured copy bandwidth. A step reads every weight but the routed experts and
     the embedding table (one row per token), the experts the batch routes to (expected number
     of distinct ones when each token picks k of E uniformly: E * (1 - (1 - k/E)^batch)), and
-    each sequence's KDA and conv states (read and written) and MLA cache up to `context`."""
-    from kernelgate.models.cache import block_bytes, slot_bytes
+    each sequence's recurrent and conv states (read and written) and attention cache up to
+    `context` (either family: the model's own slot_bytes / block_bytes)."""
     c = model.config
     E, k = c.num_experts, c.num_experts_per_token
     distinct = E * (1 - (1 - k / E) ** batch)
@@ -224,7 +224,7 @@ def decode_floor(model, batch: int, context: int, gbps: float) -> float:
         elif name.endswith("embed_tokens.weight"):
             nbytes *= batch / p.shape[0]
         weights += nbytes
-    per_seq = 2 * slot_bytes(c, model.dtype) + context * block_bytes(c, 1, model.dtype)
+    per_seq = 2 * model.slot_bytes() + context * model.block_bytes(1)
     return batch / ((weights + batch * per_seq) / (gbps * 1e9))
 
 

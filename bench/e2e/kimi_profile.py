@@ -3,6 +3,8 @@ the top device kernels of one decode step (batch 1 and 64) and one 8k-token pref
 kernelgate's kernel path and HF transformers on the same weights (bench/e2e/kimi_e2e.py's model).
 
     PYTHONPATH=. python bench/e2e/kimi_profile.py [--layers 4] [--batches 1,64] [--prefill 8192]
+    PYTHONPATH=. python bench/e2e/kimi_profile.py --qwen --mixed 64x128+0   # the Gated DeltaNet family
+                                                      # (qwen_e2e.py's Qwen3.5-MoE widths, random weights, no HF)
 """
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ def main():
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--hf", action="store_true", help="also profile HF transformers")
+    ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE at real width (random weights) instead of Kimi")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
     ap.add_argument("--top", type=int, default=18, help="kernels listed per profile")
     ap.add_argument("--mixed", default="", metavar="NEWxLEN+RUNNING",
@@ -122,8 +125,16 @@ def main():
     if a.tiny:   # no CUDA: the helpers below only need these to be no-ops
         torch.cuda.synchronize = lambda: None
         torch.cuda.set_sync_debug_mode = lambda mode: None
-    hf = e2e.hf_model(a.layers, dev, dtype, a.tiny)
-    ours = e2e.kernelgate_model(hf, dev, dtype)
+    if a.qwen:
+        import qwen_e2e
+        from kernelgate.models import Qwen3NextConfig
+        from kernelgate.models.qwen3_next import build
+        hf, a.hf = None, False
+        d = {**qwen_e2e.hf_config(a.layers, a.tiny).to_dict(), **({"vocab_size": 1024} if a.tiny else {})}
+        ours = build(Qwen3NextConfig.from_dict(d), dev, dtype, seed=0)
+    else:
+        hf = e2e.hf_model(a.layers, dev, dtype, a.tiny)
+        ours = e2e.kernelgate_model(hf, dev, dtype)
     for b in [int(x) for x in a.batches.split(",")]:
         sched = e2e._engine(ours, b, 200)
         g = torch.Generator().manual_seed(1)

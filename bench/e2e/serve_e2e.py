@@ -19,6 +19,7 @@ Prints one table with the issue's targets: c64 output tok/s >= 0.85 x offline; c
 
     python bench/e2e/serve_e2e.py                            # cuda, native dispatch
     python bench/e2e/serve_e2e.py --platform native,xpu      # + the XPU choices simulated on this GPU
+    python bench/e2e/serve_e2e.py --model DIR --long-prompts 0   # a checkpoint of any family (qwen_e2e.py writes one)
     python bench/e2e/serve_e2e.py --tiny --dtype float32 --concurrency 4 --input-len 8 --output-len 8 \\
         --long-prompts 2 --long-len 200 --short-streams 2    # CPU smoke
 
@@ -54,6 +55,7 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="the built-in small config (a CPU smoke run)")
+    ap.add_argument("--model", help="a checkpoint folder (any family load_model reads) instead of the built Kimi Linear")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=64)
@@ -203,12 +205,16 @@ def measure(a) -> dict:
     from kernelgate.serving.drive import Timing
     registry.refresh()
     dev = default_device()
-    model = build(tiny() if a.tiny else real_width(a.layers), device=dev, dtype=getattr(torch, a.dtype), seed=0)
+    if a.model:
+        model = kernelgate.load_model(a.model, device=dev, dtype=getattr(torch, a.dtype))
+    else:
+        model = build(tiny() if a.tiny else real_width(a.layers), device=dev, dtype=getattr(torch, a.dtype), seed=0)
     V, N = model.config.vocab_size, a.concurrency
     rng = random.Random(0)
     prompts = [[rng.randrange(V) for _ in range(a.input_len)] for _ in range(N)]
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else str(dev),
-                 "platform": a.platform, "config": f"{'tiny' if a.tiny else f'{a.layers} layers real width'}, {a.dtype}"}
+                 "platform": a.platform,
+                 "config": f"{a.model or ('tiny' if a.tiny else f'{a.layers} layers real width')}, {a.dtype}"}
 
     t_start = time.perf_counter()
 

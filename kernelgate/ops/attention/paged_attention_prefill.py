@@ -175,7 +175,8 @@ def bench_cases():
         return lambda device, dtype, gen: bench_inputs(chunks, lens, device, dtype)
     steps = [("prompt8192", [8192], [8192]), ("chunk2048-ctx32k", [2048], [32768]),
              ("chunk8192-ctx128k", [8192], [131072]),
-             ("64decodes-ctx4k+2prompts512", [1] * 64 + [512] * 2, [4096] * 64 + [512] * 2)]
+             ("64decodes-ctx4k+2prompts512", [1] * 64 + [512] * 2, [4096] * 64 + [512] * 2),
+             ("64prompts128", [128] * 64, [128] * 64), ("8prompts1000", [1000] * 8, [1000] * 8)]
     return [Case(f"{name}-Hq16-Hkv2-D256-BS64", make(c, L), dtypes=(torch.bfloat16,), bytes=_bytes)
             for name, c, L in steps]
 

@@ -4,8 +4,8 @@ Per sequence with new tokens, the context's keys and values are gathered from th
 ([L, Hkv, D] each: GQA keeps them compact, no per-query-head copy) and attended:
 
 - A chunk that starts its sequence and fits one piece (L <= PIECE, a prompt's first chunk): ONE
-  public SDPA call over [0, L), causal, with grouped-query heads (`enable_gqa`). 4-D
-  [1, H, n, D] inputs: the fused kernels take only batched inputs.
+  public SDPA call over [0, L), causal, with grouped-query heads (`enable_gqa`); cuDNN only at
+  planned lengths (below). 4-D [1, H, n, D] inputs: the fused kernels take only batched inputs.
 - A chunk after a cached prefix, or a longer context: the prefix [0, p0) and the chunk [p0, L)
   are cut into pieces at p0 (no bottom-right causal mask: torch's builds on torch._dynamo,
   seconds to import in a request), as in
@@ -25,10 +25,18 @@ import torch
 import torch.nn.functional as F
 
 from ... import alloc
-from ..mla.mla_prefill_sdpa import attend_lse
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..mla.mla_prefill_sdpa import CUDNN_MULTIPLE, attend_lse
 from . import paged
 
 PIECE = 16384            # context positions attended at a time (beyond one SDPA call)
+# cuDNN's attention builds an execution plan for every new shape (a fraction of a second each, in
+# whichever request meets the shape first): a prompt takes it only at the planned lengths
+# (multiples of CUDNN_MULTIPLE, as mla_prefill_sdpa does), every other length FlashAttention-2 /
+# the memory-efficient kernel / math, whichever takes it.
+_ANY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_UNPLANNED = _ANY[1:]
 
 
 def _merge(acc, mx, den, po, plse, first):
@@ -51,7 +59,8 @@ def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale):
     if p0 == 0 and L <= PIECE:
         k = paged.gather(k_cache, table_row, L).transpose(0, 1)[None]        # [1, Hkv, L, D]
         v = paged.gather(v_cache, table_row, L).transpose(0, 1)[None]
-        out = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=G > 1)
+        with sdpa_kernel(_ANY if L % CUDNN_MULTIPLE == 0 else _UNPLANNED):
+            out = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=G > 1)
         return out[0].transpose(0, 1)
     acc = torch.zeros(Hq, n, D, dtype=torch.float32, device=q.device)
     mx = torch.full((Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
