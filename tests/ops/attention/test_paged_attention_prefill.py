@@ -240,10 +240,29 @@ def test_checked_mode_compares_hints_with_the_device_values():
 
 
 def test_doctor_lists_triton_for_xpu():
-    # the portable kernel is declared for XPU too; SDPA (fused kernels per sequence) ranks first
+    # the portable kernel is declared for XPU too and ranks first (one launch for every sequence)
     op = registry.get(OP)
     with platform.simulate("xpu"):
         reasons = {i.name: r for i, r in op.explain()}
-    assert reasons["sdpa"] is None
-    if not platform.current().triton:
-        assert reasons["triton"] == "lower priority than sdpa"
+        usable = platform.current().triton is None          # (None: no reason against Triton)
+    if usable:
+        assert reasons["triton"] is None and reasons["sdpa"] == "lower priority than triton"
+    else:
+        assert reasons["sdpa"] is None
+
+
+@pytest.mark.parametrize("chunks, lens, want", [
+    ((4096,), (4096,), "sdpa"),                  # one long prompt: the fused kernels
+    ((2048, 2048), (2048, 6000), "sdpa"),        # few sequences, >= 2,048 tokens each on average
+    ((16,) * 9, (16,) * 9, "triton"),            # many sequences: one launch
+    ((2047,), (2047,), "triton"),                # short chunks
+    ((4000, 1, 1), (4000, 50, 60), "triton"),    # a long chunk beside decodes: under 2,048 on average
+])
+def test_few_long_chunks_go_to_sdpa(chunks, lens, want):
+    op = registry.get(OP)
+    width = -(-max(lens) // 16)
+    args = _args(lens=lens, chunks=chunks, bs=16, width=width, nb=len(lens) * width)
+    with platform.simulate("xpu"):
+        if platform.current().triton is not None:
+            pytest.skip(f"Triton unusable here: {platform.current().triton}")
+        assert op.select(args, {}).name == want
