@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fp8_decode import _gb, _peak, _prompts, _reset_peak, _sync, _table  # noqa: E402
+from fp8_decode import _gb, _peak, _prompts, _reset_peak, _sync, _table, decode_rate  # noqa: E402
 from kimi_e2e import decode_floor  # noqa: E402
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -83,17 +83,6 @@ def hf_decode(model, batch: int, prompt: int, steps: int, warm: int = 2) -> floa
             cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
         _sync(model.device)
     return batch * steps / (time.perf_counter() - t0)
-
-
-def decode_rate(model, engine, batch: int, prompt: int, new: int, seed: int) -> float:
-    """Median decode tok/s of the steps that decode every one of `batch` sequences."""
-    import kernelgate
-    from kernelgate.serving.drive import Timing
-    t = Timing()
-    kernelgate.generate(model, _prompts(batch, prompt, model.config.vocab_size, seed), max_new_tokens=new,
-                        stop_token_ids=(), timing=t, engine=engine)
-    steps = sorted(s[2] for s in t.steps if s[0] == "decode" and s[1] == batch)
-    return batch / steps[len(steps) // 2] if steps else float("nan")
 
 
 def engine_for(model, batches, length: int, long: int = 0):
