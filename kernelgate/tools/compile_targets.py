@@ -1,6 +1,6 @@
 """Compile every Triton implementation for GPUs this machine does not have.
 
-    python -m kernelgate.tools.compile_targets [-j N | --family-once] [--native] [--json FILE] [sm_80 sm_90 gfx90a gfx942 pvc bmg]
+    python -m kernelgate.tools.compile_targets [-j N | --family-once] [--skip-fp32] [--native] [--json FILE] [sm_80 sm_90 gfx90a gfx942 pvc bmg]
 
 For each target the platform layer simulates that GPU (`platform.simulate(Device, compiling=True)`:
 name, capability, the properties its runtime reports) and Triton's active driver is a stand-in
@@ -22,7 +22,13 @@ SKIPPED with the registry's reason, never ok. Targets run in one process (defaul
 process each (`-j N`). `--family-once` (CI's per-push set) lowers each NVIDIA / AMD program once
 per vendor, for its oldest target (sm_80, gfx90a: where fp8 and shared memory refuse most); a
 newer target lowers the programs its own launch choices make and lists the rest as lowered for
-the older one. Without it every target lowers everything (the full check).
+the older one. `--skip-fp32` (CI's per-push set, every vendor) leaves out an implementation's fp32
+parity cases where its 16-bit ones launch kernels: GPUs serve in bf16 / fp16, the fp32 programs are
+the same source at another dtype (their numbers are the interpreter parity suite's; GPU parity runs
+compile them on the device), and they are about half of the CPU. The cases left out are listed in the row ("not_lowered", with the
+reason) and counted in the summary; an implementation whose cases are all fp32 (or whose 16-bit
+ones launch nothing) still lowers them, so nothing is SKIPPED that the full check builds. Without
+either flag every target lowers everything (the full check).
 Run it without TRITON_INTERPRET (the kernels must be JIT functions, not interpreted ones).
 """
 from __future__ import annotations
@@ -77,11 +83,16 @@ def _compiler_message(e: Exception, log: str) -> str:
     return "\n".join([text, *diag[:20]])
 
 
-def compile_impl(name: str, op, impl, rec) -> dict:
-    """Call `impl` on each parity case as dispatch on `name` would; the result row for it."""
+SKIP_FP32 = "fp32: its 16-bit cases lowered instead (--skip-fp32; the full check lowers both)"
+
+
+def compile_impl(name: str, op, impl, rec, skip_fp32: bool = False) -> dict:
+    """Call `impl` on each parity case as dispatch on `name` would; the result row for it.
+    skip_fp32: an implementation's fp32 cases are left out where its 16-bit cases launched a
+    kernel (listed in the row's "not_lowered"); one with fp32 cases only still lowers them."""
     plat = platform.current()
     row = {"target": name, "impl": f"{op.name}/{impl.name}", "status": "ok", "reason": None,
-           "cases": 0, "rejected": {}, "specs": [], "seconds": 0.0}
+           "cases": 0, "rejected": {}, "not_lowered": {}, "specs": [], "seconds": 0.0}
     t0 = time.perf_counter()
     if plat.name not in impl.platforms:
         row.update(status="SKIPPED", reason=impl.rejects(plat, None, {}))
@@ -91,15 +102,20 @@ def compile_impl(name: str, op, impl, rec) -> dict:
         try:
             with _stderr_to(log.name):
                 fn = impl.callable()
-                for case in op.cases():
-                    for dtype in case.dtypes:
-                        args, kwargs = case.make("cpu", dtype, torch.Generator().manual_seed(0))
-                        why = impl.rejects(plat, args, kwargs)  # the registry's own per-call check
-                        if why is not None:
-                            row["rejected"].setdefault(why, []).append(f"{case.id}-{str(dtype)[6:]}")
-                            continue
-                        row["cases"] += 1
-                        fn(*args, **kwargs)
+                todo = [(case, dtype) for case in op.cases() for dtype in case.dtypes]
+                if skip_fp32:                      # 16-bit cases first: they decide whether fp32 runs
+                    todo.sort(key=lambda cd: cd[1] == torch.float32)
+                for case, dtype in todo:
+                    if skip_fp32 and dtype == torch.float32 and row["specs"]:   # (specs: the 16-bit ones)
+                        row["not_lowered"].setdefault(SKIP_FP32, []).append(f"{case.id}-float32")
+                        continue
+                    args, kwargs = case.make("cpu", dtype, torch.Generator().manual_seed(0))
+                    why = impl.rejects(plat, args, kwargs)      # the registry's own per-call check
+                    if why is not None:
+                        row["rejected"].setdefault(why, []).append(f"{case.id}-{str(dtype)[6:]}")
+                        continue
+                    row["cases"] += 1
+                    fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - report every failure, keep going
             with open(log.name, errors="replace") as f:
                 row.update(status="FAILED", reason=_compiler_message(e, f.read()))
@@ -114,13 +130,13 @@ def compile_impl(name: str, op, impl, rec) -> dict:
     return row
 
 
-def compile_target(name: str, native: bool = False, family: dict | None = None) -> list[dict]:
+def compile_target(name: str, native: bool = False, family: dict | None = None, skip_fp32: bool = False) -> list[dict]:
     why = available(name)
     if why:
         return [{"target": name, "impl": "*", "status": "SKIPPED", "reason": why, "cases": 0,
-                 "rejected": {}, "specs": [], "seconds": 0.0}]
+                 "rejected": {}, "not_lowered": {}, "specs": [], "seconds": 0.0}]
     with targeting(name, native=native, family=family) as rec:
-        rows = [compile_impl(name, op, impl, rec) for op, impl in triton_impls()]
+        rows = [compile_impl(name, op, impl, rec, skip_fp32) for op, impl in triton_impls()]
     if rec.native is not None:
         rows.append(compile_native(name, rec.native))
     return rows
@@ -154,13 +170,15 @@ def compile_native(name: str, spirv: dict) -> dict:
     return row
 
 
-def _in_subprocess(name: str, native: bool) -> subprocess.Popen:
+def _in_subprocess(name: str, native: bool, skip_fp32: bool) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "kernelgate.tools.compile_targets", "--json", "-", name] + (["--native"] if native else [])
+    cmd = [sys.executable, "-m", "kernelgate.tools.compile_targets", "--json", "-", name] + \
+        (["--native"] if native else []) + (["--skip-fp32"] if skip_fp32 else [])
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def compile_all(names, jobs: int = 1, native: bool = False, family_once: bool = False) -> list[dict]:
+def compile_all(names, jobs: int = 1, native: bool = False, family_once: bool = False,
+                skip_fp32: bool = False) -> list[dict]:
     """One row per (target, implementation); `jobs` > 1 runs each target in its own process.
     family_once: NVIDIA and AMD targets lower a program (the same kernel, signature, constants,
     warps and stages: the same TTIR) once per vendor, for the vendor's first target in TARGETS
@@ -173,14 +191,14 @@ def compile_all(names, jobs: int = 1, native: bool = False, family_once: bool = 
         seen: dict = {}
         return [row for name in names
                 for row in compile_target(name, native, seen.setdefault(TARGETS[name].backend, {})
-                                          if TARGETS[name].backend != "xpu" else None)]
+                                          if TARGETS[name].backend != "xpu" else None, skip_fp32)]
     if jobs <= 1:
-        return [row for name in names for row in compile_target(name, native)]
+        return [row for name in names for row in compile_target(name, native, None, skip_fp32)]
     rows, pending, running = [], list(names), {}
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
-            running[name] = _in_subprocess(name, native)
+            running[name] = _in_subprocess(name, native, skip_fp32)
         name, proc = next(iter(running.items()))
         out, err = proc.communicate()
         del running[name]
@@ -210,6 +228,7 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
             (f"{len(shared):3d} lowered for {shared[0]}  " if shared else "")
         if r["status"] == "ok":
             rej = "".join(f"\n    (dispatch rejects {len(c)} cases: {why})" for why, c in r["rejected"].items())
+            rej += "".join(f"\n    ({len(c)} cases not lowered: {why})" for why, c in r.get("not_lowered", {}).items())
             print(head + "ok" + rej, file=out)
         else:
             print(head + f"{r['status']}: {r['reason']}", file=out)
@@ -220,12 +239,14 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
     by = {}
     for r in rows:
         t = by.setdefault(r["target"], {"specs": 0, "ok": 0, "SKIPPED": 0, "FAILED": 0, "native": "", "lowered": {},
-                                        "same": {}})
+                                        "same": {}, "not_lowered": {}})
         if r["impl"] == "native":
             t["native"] = f"; native code: {len(r['specs'])} zebin {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
             continue
         t["specs"] += len(r["specs"])
         t[r["status"]] += 1
+        for why, cases in r.get("not_lowered", {}).items():
+            t["not_lowered"][why] = t["not_lowered"].get(why, 0) + len(cases)
         for s in r["specs"]:
             if s.get("lowered_for"):
                 t["lowered"][s["lowered_for"]] = t["lowered"].get(s["lowered_for"], 0) + 1
@@ -234,8 +255,9 @@ def report(rows, verbose: bool = True, out=sys.stdout) -> int:
     for name, t in by.items():
         lowered = "".join(f" ({n} lowered as for {who}: same TTGIR)" for who, n in t["lowered"].items())
         lowered += "".join(f" ({n} the programs lowered for {who}: --family-once)" for who, n in t["same"].items())
+        left = "".join(f"; {n} cases not lowered: {why}" for why, n in t["not_lowered"].items())
         print(f"compile_targets {name}: {t['specs']} specialisations{lowered}, {t['ok']} implementations ok, "
-              f"{t['SKIPPED']} skipped, {t['FAILED']} failed{t['native']}", file=out)
+              f"{t['SKIPPED']} skipped, {t['FAILED']} failed{left}{t['native']}", file=out)
     return 1 if bad else 0
 
 
@@ -248,6 +270,9 @@ def main(argv=None) -> int:
     ap.add_argument("--family-once", action="store_true",
                     help="NVIDIA / AMD: lower each program once per vendor, for its oldest target listed; "
                          "a newer target lowers only the programs its own launch choices make (CI's per-push set)")
+    ap.add_argument("--skip-fp32", action="store_true",
+                    help="leave out an implementation's fp32 cases where its 16-bit ones launch (an fp32-only "
+                         "implementation still lowers them): CI's per-push set, about half the CPU")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON ('-': stdout, no text report)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-specialisation lines")
     a = ap.parse_args(argv)
@@ -263,7 +288,7 @@ def main(argv=None) -> int:
     if a.family_once and a.jobs > 1:
         print("compile_targets: --family-once compiles in one process (not with -j)")
         return 2
-    rows = compile_all(names, a.jobs, a.native, a.family_once)
+    rows = compile_all(names, a.jobs, a.native, a.family_once, a.skip_fp32)
     if a.json == "-":
         json.dump(rows, sys.stdout)
         return 1 if any(r["status"] == "FAILED" for r in rows) else 0

@@ -90,3 +90,51 @@ def test_intel_lowering_is_shared_only_for_the_same_ttgir():
     other("ttgir A", {})                                                          # other options: lowered
     assert calls == ["ttgir A", "ttgir B", "ttgir A"]
     cs._LOWERED.clear()
+
+
+class _Rec:
+    """Stands in for the Recorder: the fake implementation adds a spec where a kernel would compile."""
+    def begin(self, row):
+        self.row = row
+
+    def end(self):
+        pass
+
+
+def _fake(dtypes, launching):
+    rec = _Rec()
+
+    def fn(x):
+        if x.dtype in launching:
+            rec.row["specs"].append({"kernel": "k", "key": str(x.dtype)[6:], "problem": ""})
+        return x * 2
+    case = registry.Case("T3", lambda d, dt, g: ((torch.ones(3, dtype=dt),), {}), dtypes=dtypes)
+    op = registry.Op("fake_double", _ref, cases=lambda: [case])
+    return op, op.implementation("triton", fn, provider="triton", platforms=("rocm",)), rec
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+@pytest.mark.parametrize("dtypes, launching, lowered, left_out", [
+    ((F32, BF16), (F32, BF16), ["bfloat16"], ["T3-float32"]),   # fp32 left to the full check
+    ((F32,), (F32,), ["float32"], []),                           # fp32 cases only (routing logits): lowered
+    ((F32, BF16), (F32,), ["float32"], []),                      # its 16-bit cases launch nothing: fp32 lowered
+])
+def test_skip_fp32_leaves_out_fp32_only_beside_16_bit_programs(monkeypatch, dtypes, launching, lowered, left_out):
+    from kernelgate.tools.compile_targets import SKIP_FP32
+    op, impl, rec = _fake(dtypes, launching)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with platform.simulate(TARGETS["gfx90a"].device, compiling=True):
+        row = compile_impl("gfx90a", op, impl, rec, skip_fp32=True)
+        full = compile_impl("gfx90a", *_fake(dtypes, launching), skip_fp32=False)
+    assert [s["key"] for s in row["specs"]] == lowered
+    assert row["not_lowered"] == ({SKIP_FP32: left_out} if left_out else {})
+    assert sorted(s["key"] for s in full["specs"]) == sorted(str(d)[6:] for d in launching)   # the full check
+    assert full["not_lowered"] == {}
+    for s in row["specs"]:
+        s.update(warps=4, stages=1, binary="hsaco 1 B", shared=0, dot="", reuses=0)
+    out = io.StringIO()
+    report([row], out=out)     # what was left out is in the text report too, per row and in the summary
+    assert (f"(1 cases not lowered: {SKIP_FP32})" in out.getvalue()) == bool(left_out)
+    assert (f"0 failed; 1 cases not lowered: {SKIP_FP32}\n" in out.getvalue()) == bool(left_out)

@@ -8,8 +8,9 @@ One process per family compiles both of its targets (so one target's compile sta
 into the next unnoticed); the families run in parallel under xdist. .ci/run compiles with
 --family-once: a program is lowered once per vendor, for the older target (sm_80, gfx90a), and
 the newer one lowers the programs its own launch choices make (checked below: sm_90's
-mla_decode tiles); `python -m kernelgate.tools.compile_targets` without it lowers everything for
-every target. Intel's backend is the
+mla_decode tiles); and --skip-fp32 (an implementation's fp32 cases are left out where its
+16-bit ones launch: checked below); `python -m
+kernelgate.tools.compile_targets` without them lowers everything for every target. Intel's backend is the
 triton-xpu package, which installs as `triton`: it runs from its own venv (`.venv-xpu`, made by
 .ci/run, or KERNELGATE_XPU_PYTHON). Missing there, the Intel test skips with the reason locally
 and fails in CI. .ci/run starts every family's compile in the background as soon as its venv
@@ -31,6 +32,7 @@ pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = {"nvidia": ("sm_80", "sm_90"), "amd": ("gfx90a", "gfx942"), "intel": ("pvc", "bmg")}
+FLAGS = {family: ("--skip-fp32",) for family in FAMILIES}   # as .ci/run passes them
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 RUN_LAST = ("test_every_triton", "test_pvc_native")   # they may wait on .ci/run's background compiles
 
@@ -84,8 +86,8 @@ def _rows(family: str) -> list:
     if folder:
         return _background_rows(folder)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([_python(family), "-m", "kernelgate.tools.compile_targets", "--family-once", "--json", "-",
-                          *FAMILIES[family]],
+    run = subprocess.run([_python(family), "-m", "kernelgate.tools.compile_targets", "--family-once", *FLAGS[family],
+                          "--json", "-", *FAMILIES[family]],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     try:
         return json.loads(run.stdout)
@@ -129,6 +131,12 @@ def test_every_triton_implementation_compiles_for(family):
         own = [s for r in rows if r["target"] == "sm_90" and r["impl"] == "mla_decode/triton"
                for s in r["specs"] if not s.get("same_as")]
         assert own, "sm_90's own mla_decode launch choices were not lowered for sm_90"
+    # --skip-fp32 left out only fp32 cases, and only beside 16-bit programs
+    left_out = [r for r in rows if r.get("not_lowered")]
+    assert bool(left_out) == bool(FLAGS[family]), [r["impl"] for r in left_out]
+    for r in left_out:
+        for why, cases in r["not_lowered"].items():
+            assert r["status"] == "ok" and r["specs"] and all(c.endswith("-float32") for c in cases), (r, why)
     if family == "intel":   # PVC: bf16 / fp16 tl.dot on DPAS (checked per kernel by compile_targets too)
         pvc = [s for r in rows if r["target"] == "pvc" for s in r["specs"]]
         assert any(s["dot"].endswith("-> dpas") for s in pvc), "no kernel reached DPAS on PVC"
