@@ -1,11 +1,12 @@
 """Launch-table sweep of the decode GEMV experts (kernelgate/ops/moe/fused_experts_gemv_triton.py).
 
-    PYTHONPATH=. python bench/ops/fused_experts_gemv_sweep.py
+    PYTHONPATH=. python bench/ops/fused_experts_gemv_sweep.py [--shared] [--qwen]
 
 Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16 (--shared: the model's
 call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at T = 1, 4, 8):
 each launch choice is checked against the native reference, then timed in a CUDA graph; the
-floor is each distinct expert's weights read once at the measured copy bandwidth.
+floor is each distinct expert's weights read once at the measured copy bandwidth. --qwen: the
+Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8).
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def with_shared(args):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", action="store_true")
+    ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
+    ap.add_argument("--tokens", default="", help="comma-separated T (default 1,4,16; --shared 1,4,8)")
     a = ap.parse_args()
+    D, I = (2048, 512) if a.qwen else (2304, 1024)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 1
@@ -42,15 +46,16 @@ def main() -> int:
     print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
     dispatched = gv.launch_config
     try:
-        for T in ((1, 4, 8) if a.shared else (1, 4, 16)):
+        tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else ((1, 4, 8) if a.shared else (1, 4, 16))
+        for T in tokens:
             gen = torch.Generator(device=dev).manual_seed(0)
-            args, kw = fe.make_inputs(T, 2304, 1024, 256, 8, torch.bfloat16, dev, gen)
+            args, kw = fe.make_inputs(T, D, I, 256, 8, torch.bfloat16, dev, gen)
             if a.shared:
                 args = with_shared(args)
             floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
             ref = fe.fused_experts_native(*args, **kw)
             default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
-            for bi, bo, bk, w in itertools.product((8, 16, 32), (16, 32), (256, 512), (4, 8)):
+            for bi, bo, bk, w in itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8)):
                 if bi * bk > 16384 or bo * bk > 16384:
                     continue
                 trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)

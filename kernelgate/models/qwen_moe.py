@@ -8,10 +8,11 @@ selection: ties go to the lower expert id); router logits in fp32 (the router we
 kept fp32). Experts use the fused [E, 2I, D] / [E, D, I] layout of layers.Experts.
 
 When the shared expert is as wide as a routed one (the released Qwen3-Next / Qwen3.5 models)
-it is expert E of one stacked weight tensor (its parameters are views into it) and routing
-gives every token a slot for it whose weight is its sigmoid gate: one fused_experts call runs
-both (at decode, one pass over k + 1 experts' weights instead of the routed kernels plus the
-shared MLP's launches).
+it is expert E of one stacked weight tensor (its parameters are views into it), and its gate is
+row E of the router (`router` [E + 1, D] fp32: gate.weight and shared_expert_gate.weight are
+views into it): one GEMV gives the expert logits and the gate logit, one routing launch the top-k
+weights and the gate's sigmoid in slot k, one fused_experts call runs both (at decode, one pass
+over k + 1 experts' weights instead of the routed kernels plus the shared MLP's launches).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch import nn
 
 from .. import ops
 from .layers import MLP, Experts, _param
-from .parallel import stack
+from .parallel import fuse, stack
 
 
 class SparseMoE(nn.Module):
@@ -39,14 +40,17 @@ class SparseMoE(nn.Module):
         if self.stacked:
             stack(self, "gate_up", [("experts", "gate_up_proj"), ("shared_expert.gate_up_proj", "weight")])
             stack(self, "down", [("experts", "down_proj"), ("shared_expert.down_proj", "weight")])
+            self.gate._dtypes = {"weight": torch.float32}       # the fused router is fp32 (parallel.param_dtype)
+            self.shared_expert_gate._no_fp8 = True
+            fuse(self, "router", ["gate", "shared_expert_gate"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x.float(), self.gate.weight)                               # [T, E] fp32
         if self.stacked:
+            logits = F.linear(x.float(), self.router)                                # [T, E + 1] fp32
             weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax",
-                                                   num_fused_shared_experts=1)        # [T, k + 1]: slot k is E
-            weights[:, self.k] = torch.sigmoid(self.shared_expert_gate(x).float()[:, 0])
-            return ops.fused_experts(x, self.gate_up, self.down, weights, ids)
+                                                   num_fused_shared_experts=1, shared_gate="sigmoid")
+            return ops.fused_experts(x, self.gate_up, self.down, weights, ids)       # slot k: expert E, its gate
+        logits = F.linear(x.float(), self.gate.weight)                               # [T, E] fp32
         weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax")
         out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if self.shared_expert is not None:

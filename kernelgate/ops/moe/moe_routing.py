@@ -16,11 +16,15 @@ E, E+1, ..., E+S-1 and weight sum(routed w before the scaling) = 1.0 when renorm
 `routed_scaling_factor` in total. SGLang draws the shared id at random among S replicas of one
 shared expert and writes one column; here every shared expert gets its own deterministic column.
 
+Gated shared experts (shared_gate="sigmoid"): logits has E + S columns, the last S being each
+shared expert's own gate logit (x W_g, computed by the router GEMV beside the experts'); routing
+reads the first E columns only, and shared column j gets weight sigmoid(logits[:, E + j]),
+unscaled and outside the renormalisation.
+
 Qwen MoE routers (Qwen2-MoE, Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE) are the case scoring="softmax",
 bias=None, n_group = topk_group = 1, renormalize = norm_topk_prob, routed_scaling_factor = 1.0:
-softmax over all E experts in fp32, top-k, w / sum(w). Their shared expert has a gate of its own
-(sigmoid(x W_g), per token): with num_fused_shared_experts=1 the model overwrites column topk
-(id E) with that weight.
+softmax over all E experts in fp32, top-k, w / sum(w); their shared expert is gated:
+num_fused_shared_experts=1, shared_gate="sigmoid" (one GEMV, one launch for both weights).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from ...registry import GPU_TRITON, Case, declare
 
 OP = "biased_grouped_topk"
 SCORINGS = ("sigmoid", "softmax", "sqrtsoftplus")
+SHARED_GATES = (None, "sigmoid")
 TRITON_MAX_EXPERTS = 1024   # one program holds a row of E fp32 scores in registers
 TRITON_MAX_PICKS = 32       # topk + shared slots, one unrolled-free selection step each
 
@@ -54,8 +59,13 @@ def _topk_stable(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def biased_grouped_topk_native(logits, bias, topk, n_group, topk_group, renormalize,
-                               routed_scaling_factor, scoring="sigmoid", num_fused_shared_experts=0):
+                               routed_scaling_factor, scoring="sigmoid", num_fused_shared_experts=0,
+                               shared_gate=None):
     """Biased grouped top-k MoE routing reference: (weights fp32 [T, k+S], ids int32 [T, k+S])."""
+    S = num_fused_shared_experts
+    gate_logits = None
+    if shared_gate is not None:
+        logits, gate_logits = logits[:, :logits.shape[1] - S], logits[:, logits.shape[1] - S:]
     T, E = logits.shape
     s = score(logits, scoring)                                        # [T, E]
     c = s + bias.float() if bias is not None else s                   # selection scores
@@ -70,18 +80,26 @@ def biased_grouped_topk_native(logits, bias, topk, n_group, topk_group, renormal
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     shared_w = w.sum(-1, keepdim=True)                                # [T, 1]
     w = w * routed_scaling_factor
-    S = num_fused_shared_experts
     if S:
         shared_ids = torch.arange(E, E + S, device=ids.device).expand(T, S)
         ids = torch.cat([ids, shared_ids], dim=1)
-        w = torch.cat([w, shared_w.expand(T, S)], dim=1)
+        shared_w = torch.sigmoid(gate_logits.float()) if gate_logits is not None else shared_w.expand(T, S)
+        w = torch.cat([w, shared_w], dim=1)
     return w.float().contiguous(), ids.to(torch.int32).contiguous()
 
 
 def validate(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
-             scoring="sigmoid", num_fused_shared_experts=0):
+             scoring="sigmoid", num_fused_shared_experts=0, shared_gate=None):
     checks.tensor(OP, "logits", logits, ndim=2, dtype=checks.FLOATS)
-    E = logits.shape[1]
+    checks.require(isinstance(num_fused_shared_experts, int) and not isinstance(num_fused_shared_experts, bool)
+                   and num_fused_shared_experts >= 0, OP,
+                   f"num_fused_shared_experts must be an int >= 0, got {num_fused_shared_experts!r}")
+    checks.require(shared_gate in SHARED_GATES, OP, f"shared_gate {shared_gate!r} not in {SHARED_GATES}")
+    checks.require(shared_gate is None or num_fused_shared_experts >= 1, OP,
+                   f"shared_gate={shared_gate!r} gates fused shared experts: num_fused_shared_experts must be >= 1")
+    E = logits.shape[1] - (num_fused_shared_experts if shared_gate else 0)
+    checks.require(E >= 1, OP, f"logits has {logits.shape[1]} columns: no routed expert before the "
+                   f"{num_fused_shared_experts} shared gate logits")
     checks.tensor(OP, "bias", bias, shape=(E,), dtype=checks.FLOATS, device=logits.device, optional=True)
     checks.require(scoring in SCORINGS, OP, f"scoring {scoring!r} not in {SCORINGS}")
     for name, v in (("topk", topk), ("n_group", n_group), ("topk_group", topk_group)):
@@ -94,9 +112,6 @@ def validate(logits, bias, topk, n_group, topk_group, renormalize, routed_scalin
                    f"groups of {G} expert: the group score needs >= 2 experts per group (E={E}, n_group={n_group})")
     checks.require(topk <= topk_group * G, OP,
                    f"topk {topk} > experts in the kept groups (topk_group {topk_group} x {G} per group)")
-    checks.require(isinstance(num_fused_shared_experts, int) and not isinstance(num_fused_shared_experts, bool)
-                   and num_fused_shared_experts >= 0, OP,
-                   f"num_fused_shared_experts must be an int >= 0, got {num_fused_shared_experts!r}")
     checks.require(isinstance(routed_scaling_factor, (int, float)) and math.isfinite(routed_scaling_factor),
                    OP, f"routed_scaling_factor must be a finite number, got {routed_scaling_factor!r}")
     checks.require(isinstance(renormalize, bool), OP, f"renormalize must be a bool, got {renormalize!r}")
@@ -111,9 +126,11 @@ SGL_MAX_VPT = 32
 
 
 def sgl_kernel_limits(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
-                      scoring="sigmoid", num_fused_shared_experts=0):
+                      scoring="sigmoid", num_fused_shared_experts=0, shared_gate=None):
     """Why moe_fused_gate cannot route this call (None if it can); no import needed."""
     T, E = logits.shape
+    if shared_gate is not None:
+        return f"moe_fused_gate gives shared experts a fixed weight (shared_gate={shared_gate!r})"
     if T == 0:
         return "moe_fused_gate would launch an empty grid for an empty batch (T=0)"
     if scoring != "sigmoid":
@@ -160,7 +177,7 @@ def sgl_kernel_adapt(args, kwargs):
 
 
 def sgl_kernel_fused_gate(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
-                          scoring="sigmoid", num_fused_shared_experts=0):
+                          scoring="sigmoid", num_fused_shared_experts=0, shared_gate=None):
     import sgl_kernel
 
     S = num_fused_shared_experts
@@ -171,14 +188,16 @@ def sgl_kernel_fused_gate(logits, bias, topk, n_group, topk_group, renormalize, 
 
 # -- parity cases ----------------------------------------------------------------------
 def _case(T, E, n_group, topk_group, topk, scoring="sigmoid", renorm=True, rsf=2.5, bias=True,
-          shared=0, dtypes=(torch.float32, torch.bfloat16)):
+          shared=0, gate=None, dtypes=(torch.float32, torch.bfloat16)):
     def make(device, dtype, gen):
-        logits = (2 * torch.randn(T, E, generator=gen)).to(device=device, dtype=dtype)
+        cols = E + (shared if gate else 0)     # gated shared experts: their gate logits after the E
+        logits = (2 * torch.randn(T, cols, generator=gen)).to(device=device, dtype=dtype)
         b = (0.1 * torch.randn(E, generator=gen)).to(device) if bias else None   # fp32 bias
         return (logits, b, topk, n_group, topk_group, renorm, rsf), dict(
-            scoring=scoring, num_fused_shared_experts=shared)
+            scoring=scoring, num_fused_shared_experts=shared, **({"shared_gate": gate} if gate else {}))
     parts = [f"T{T}", f"E{E}", f"G{n_group}g{topk_group}" if n_group > 1 else "G1", f"k{topk}", scoring,
-             "renorm" if renorm else "raw", "" if bias else "nobias", f"shared{shared}" if shared else ""]
+             "renorm" if renorm else "raw", "" if bias else "nobias", f"shared{shared}" if shared else "",
+             f"gate-{gate}" if gate else ""]
     return Case("-".join(p for p in parts if p), make, dtypes=dtypes)
 
 
@@ -193,10 +212,13 @@ def cases():
         _case(9, 96, 3, 2, 8, renorm=False, rsf=1.0),                     # non-power-of-two groups
         _case(7, 60, 4, 3, 5, scoring="softmax"),                         # odd E, 15 per group
         _case(0, 256, 8, 4, 8, dtypes=(torch.bfloat16,)),                 # empty batch
-        # Qwen3-Next-80B-A3B / Qwen3.5-35B-A3B: softmax over all experts, no bias, top-k renormalised;
-        # the shared slot's weight (sigmoid of its own gate) is the model's to write
-        _case(65, 512, 1, 1, 10, scoring="softmax", rsf=1.0, bias=False, shared=1),
-        _case(1, 256, 1, 1, 8, scoring="softmax", rsf=1.0, bias=False, shared=1, dtypes=(torch.bfloat16,)),
+        # Qwen3-Next-80B-A3B / Qwen3.5-35B-A3B: softmax over all experts, no bias, top-k renormalised,
+        # the shared slot weighted by the sigmoid of its own gate logit (column E)
+        _case(65, 512, 1, 1, 10, scoring="softmax", rsf=1.0, bias=False, shared=1, gate="sigmoid"),
+        _case(1, 256, 1, 1, 8, scoring="softmax", rsf=1.0, bias=False, shared=1, gate="sigmoid",
+              dtypes=(torch.bfloat16,)),
+        _case(5, 256, 1, 1, 8, scoring="softmax", rsf=1.0, bias=False, shared=1),   # ungated shared slot
+        _case(9, 96, 3, 2, 4, rsf=1.5, shared=2, gate="sigmoid"),         # two gated shared experts, groups
     ]
 
 
@@ -238,8 +260,8 @@ biased_grouped_topk.implementation(
 
 
 def _triton_supports(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
-                     scoring="sigmoid", num_fused_shared_experts=0):
-    E = logits.shape[1]
+                     scoring="sigmoid", num_fused_shared_experts=0, shared_gate=None):
+    E = logits.shape[1] - (num_fused_shared_experts if shared_gate else 0)
     if E > TRITON_MAX_EXPERTS:
         return f"more than {TRITON_MAX_EXPERTS} experts (E={E}) do not fit one program's registers"
     if topk + num_fused_shared_experts > TRITON_MAX_PICKS:

@@ -32,7 +32,8 @@ def _biased_grouped_topk_kernel(
     logits_ptr, bias_ptr, w_ptr, ids_ptr,
     T, stride_t, stride_o, rsf,
     E: tl.constexpr, N_GROUP: tl.constexpr, GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
-    TOPK: tl.constexpr, SHARED: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr,
+    TOPK: tl.constexpr, SHARED: tl.constexpr, SHARED_GATE: tl.constexpr, SCORING: tl.constexpr,
+    RENORM: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, NG_PAD: tl.constexpr, GS_PAD: tl.constexpr,
     K_PAD: tl.constexpr,
 ):
@@ -117,7 +118,13 @@ def _biased_grouped_topk_kernel(
         shared_w = wsum
     w_acc = w_acc * rsf
     is_shared = (kk >= TOPK) & (kk < TOPK + SHARED)
-    w_acc = tl.where(is_shared[None, :], shared_w[:, None], w_acc)
+    if SHARED_GATE:       # sigmoid of each shared expert's own gate logit, in columns E.. of the row
+        gmask = row_ok[:, None] & is_shared[None, :]
+        xg = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_t + (E + kk - TOPK)[None, :],
+                     mask=gmask, other=0.0).to(tl.float32)
+        w_acc = tl.where(is_shared[None, :], tl.sigmoid(xg), w_acc)
+    else:
+        w_acc = tl.where(is_shared[None, :], shared_w[:, None], w_acc)
     id_acc = tl.where(is_shared[None, :], (E + kk - TOPK)[None, :], id_acc)
 
     out = rows[:, None].to(tl.int64) * stride_o + kk[None, :]
@@ -137,15 +144,17 @@ def _launch_config(T: int, e_pad: int) -> tuple[int, int]:
 
 
 def launch(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
-           num_fused_shared_experts, w, ids, block_t: int, num_warps: int) -> None:
+           num_fused_shared_experts, w, ids, block_t: int, num_warps: int, shared_gate=None) -> None:
     """Run the kernel into preallocated w / ids [T, topk + shared] with an explicit config."""
     T, E = logits.shape
+    E -= num_fused_shared_experts if shared_gate else 0
     G = E // n_group
     _biased_grouped_topk_kernel[(triton.cdiv(T, block_t),)](
         logits, bias if bias is not None else logits, w, ids,
         T, logits.stride(0), w.stride(0), float(routed_scaling_factor),
         E=E, N_GROUP=n_group, GROUP=G, TOPK_GROUP=topk_group, TOPK=topk,
-        SHARED=num_fused_shared_experts, SCORING=SCORINGS.index(scoring), RENORM=bool(renormalize),
+        SHARED=num_fused_shared_experts, SHARED_GATE=shared_gate is not None,
+        SCORING=SCORINGS.index(scoring), RENORM=bool(renormalize),
         HAS_BIAS=bias is not None, BLOCK_T=block_t, NG_PAD=triton.next_power_of_2(n_group),
         GS_PAD=triton.next_power_of_2(G), K_PAD=max(2, triton.next_power_of_2(w.shape[1])),
         num_warps=num_warps,
@@ -153,8 +162,9 @@ def launch(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_
 
 
 def biased_grouped_topk(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor,
-                        scoring="sigmoid", num_fused_shared_experts=0):
+                        scoring="sigmoid", num_fused_shared_experts=0, shared_gate=None):
     T, E = logits.shape
+    E -= num_fused_shared_experts if shared_gate else 0
     K = topk + num_fused_shared_experts
     w = alloc.empty((T, K), torch.float32, logits.device)
     ids = alloc.empty((T, K), torch.int32, logits.device)
@@ -167,5 +177,5 @@ def biased_grouped_topk(logits, bias, topk, n_group, topk_group, renormalize, ro
     e_pad = triton.next_power_of_2(n_group) * triton.next_power_of_2(E // n_group)
     block_t, num_warps = _launch_config(T, e_pad)
     launch(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
-           num_fused_shared_experts, w, ids, block_t, num_warps)
+           num_fused_shared_experts, w, ids, block_t, num_warps, shared_gate)
     return w, ids

@@ -159,6 +159,17 @@ def test_hand_computed_shared_slots(impl):
 
 
 @pytest.mark.parametrize("impl", _impls())
+def test_hand_computed_gated_shared_slots(impl):
+    # shared_gate="sigmoid": columns 8, 9 are the two shared experts' gate logits; routing reads
+    # columns 0..7 only (a huge gate logit must not be picked), each shared slot weighs sigmoid(its logit)
+    logits = torch.cat([_logit(P), torch.tensor([[30.0, math.log(0.25 / 0.75)]])], dim=1)   # [1, 10]
+    w, ids = route(impl, logits, torch.zeros(8), 2, 2, 1, True, 2.0, num_fused_shared_experts=2,
+                   shared_gate="sigmoid")
+    assert ids.tolist() == [[4, 5, 8, 9]]
+    torch.testing.assert_close(w, torch.tensor([[0.8 / 1.5 * 2, 0.7 / 1.5 * 2, 1.0, 0.25]]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", _impls())
 def test_hand_computed_ties_go_to_lower_ids(impl):
     # all scores equal: both groups tie (group 0 kept), experts tie (0 then 1)
     w, ids = route(impl, torch.zeros(3, 8), torch.zeros(8), 2, 2, 1, True, 2.0)
@@ -222,6 +233,11 @@ def test_empty_batch(impl):
     (dict(bias=torch.zeros(63)), "bias shape (63,) != (64,)"),
     (dict(logits=torch.zeros(4, 64, dtype=torch.int32)), "logits dtype int32"),
     (dict(num_fused_shared_experts=-1), "num_fused_shared_experts must be an int >= 0"),
+    (dict(shared_gate="sigmoid"), "num_fused_shared_experts must be >= 1"),
+    (dict(shared_gate="tanh", num_fused_shared_experts=1), "shared_gate 'tanh' not in"),
+    (dict(shared_gate="sigmoid", num_fused_shared_experts=1), "bias shape (64,) != (63,)"),   # gate column
+    (dict(shared_gate="sigmoid", num_fused_shared_experts=1, bias=None, logits=torch.zeros(4, 64)),
+     "n_group 4 must divide the expert count 63"),
 ])
 def test_bad_arguments_name_op_argument_and_constraint(kwargs, needle):
     a = dict(logits=torch.zeros(4, 64), bias=torch.zeros(64), topk=8, n_group=4, topk_group=2,
@@ -247,6 +263,7 @@ def _call(E=256, n_group=8, topk_group=4, topk=8, T=4, **kw):
     (dict(n_group=1, topk_group=1), "E / n_group <= 32 experts per group (got 256)"),
     (dict(E=2048, n_group=64, topk_group=4), "n_group <= 32 (got 64)"),
     (dict(num_fused_shared_experts=2), "one shared slot"),
+    (dict(num_fused_shared_experts=1, shared_gate="sigmoid"), "fixed weight"),
     (dict(T=0), "empty batch"),
 ])
 def test_sgl_kernel_limits(change, reason):
