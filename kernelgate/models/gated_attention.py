@@ -10,6 +10,9 @@ Rotary is the rotate-half form over the first `rotary_dim` = partial_rotary_fact
 are written into this layer's paged cache (layout: kernelgate/ops/attention/paged.py) before
 attention reads them; decode steps use `paged_attention_decode`, all others
 `paged_attention_prefill` (chunks attend to their cached prefix).
+
+Tensor parallel: this rank's H / size query heads (each with its gate) and Hkv / size K/V heads
+(and their cache); the q / k norms are replicated; o_proj's output is a partial sum.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from torch import nn
 
 from .. import ops
 from .layers import OffsetRMSNorm
-from .parallel import fuse
+from .parallel import SINGLE, column, fuse, row
 
 
 def rotary(positions: torch.Tensor, rotary_dim: int, theta: float) -> tuple:
@@ -39,16 +42,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class GatedAttention(nn.Module):
-    def __init__(self, c, layer_idx: int):
+    def __init__(self, c, layer_idx: int, par=SINGLE):
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_idx, self.par = layer_idx, par
         D, H, Hkv, Dh = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.H, self.Hkv, self.Dh = H, Hkv, Dh
+        self.H = par.split(H, "num_attention_heads")
+        self.Hkv = par.split(Hkv, "num_key_value_heads (K/V heads are split, not replicated)")
+        self.Dh = Dh
         self.scale = Dh ** -0.5
-        self.q_proj = nn.Linear(D, H * 2 * Dh, bias=False)
-        self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
-        self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
-        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        self.q_proj = column(D, H * 2 * Dh, par, "attention q|gate")     # per head: [q_h | gate_h]
+        self.k_proj = column(D, Hkv * Dh, par, "attention k")
+        self.v_proj = column(D, Hkv * Dh, par, "attention v")
+        self.o_proj = row(H * Dh, D, par, "attention o")
         self.q_norm = OffsetRMSNorm(Dh, c.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(Dh, c.rms_norm_eps)
         fuse(self, "qkv_proj", ["q_proj", "k_proj", "v_proj"])
@@ -72,4 +77,4 @@ class GatedAttention(nn.Module):
             o = ops.paged_attention_prefill(q, k_cache, v_cache, batch.block_table, batch.cu_seqlens,
                                             batch.seq_lens, self.scale, cu_seqlens_cpu=batch.cu_seqlens_cpu,
                                             seq_lens_cpu=batch.seq_lens_cpu)          # [T, H, Dh]
-        return self.o_proj(o.reshape(T, H * Dh) * torch.sigmoid(gate))
+        return self.par.all_reduce(self.o_proj(o.reshape(T, H * Dh) * torch.sigmoid(gate)))

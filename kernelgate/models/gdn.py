@@ -12,6 +12,11 @@ its parameter name (Qwen3.5's names; the loader de-interleaves Qwen3-Next's fuse
 in_proj_qkvz / in_proj_ba into them). Prefill goes through `short_conv` + `gdn_gate` +
 `gdn_prefill` (varlen, cu_seqlens + slots); decode through `short_conv_update` +
 `gdn_packed_decode`. The registry picks the kernels; nothing here looks at the platform.
+
+Tensor parallel: this rank's HK / size key heads and HV / size value heads (their q | k | v rows
+-- segments of unequal size, v being wider --, z / b / a rows, conv channels, decay and states;
+value head j of a rank still reads its key head j // (HV / HK)); the norm is replicated;
+out_proj's output is a partial sum, reduced once here.
 """
 from __future__ import annotations
 
@@ -21,29 +26,35 @@ from torch import nn
 
 from .. import ops
 from .layers import _param
-from .parallel import fuse
+from .parallel import SINGLE, column, fuse, mark, row
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, c, layer_idx: int):
+    def __init__(self, c, layer_idx: int, par=SINGLE):
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_idx, self.par = layer_idx, par
         D = c.hidden_size
-        self.HK, self.HV = c.linear_num_key_heads, c.linear_num_value_heads
-        self.K, self.V = c.linear_key_head_dim, c.linear_value_head_dim
+        HK, HV = c.linear_num_key_heads, c.linear_num_value_heads
+        self.K, self.V = K, V = c.linear_key_head_dim, c.linear_value_head_dim
+        self.HK = par.split(HK, "linear_num_key_heads (Gated DeltaNet key heads)")
+        self.HV = par.split(HV, "linear_num_value_heads (Gated DeltaNet value heads)")
         self.eps = c.rms_norm_eps
-        self.C = c.conv_dim                                             # q | k | v channels
-        self.in_proj_qkv = nn.Linear(D, self.C, bias=False)
-        self.in_proj_z = nn.Linear(D, self.HV * self.V, bias=False)
-        self.in_proj_b = nn.Linear(D, self.HV, bias=False)
-        self.in_proj_a = nn.Linear(D, self.HV, bias=False)
+        qkv = (HK * K, HK * K, HV * V)                                  # q | k | v rows (full sizes)
+        self.C = sum(qkv) // par.size                                   # this rank's conv channels
+        self.in_proj_qkv = column(D, sum(qkv), par, "Gated DeltaNet q|k|v", qkv)
+        self.in_proj_z = column(D, HV * V, par, "Gated DeltaNet z")
+        self.in_proj_b = column(D, HV, par, "Gated DeltaNet b")
+        self.in_proj_a = column(D, HV, par, "Gated DeltaNet a")
         self.conv1d = nn.Module()
         self.conv1d.weight = _param(self.C, c.conv_kernel_size)         # [C, W] depthwise taps
+        mark(self.conv1d, "weight", 0, qkv)
         self.A_log = _param(self.HV, dtype=torch.float32)
         self.dt_bias = _param(self.HV, dtype=torch.float32)
+        mark(self, "A_log", 0)
+        mark(self, "dt_bias", 0)
         self.norm = nn.Module()
         self.norm.weight = _param(self.V)
-        self.out_proj = nn.Linear(self.HV * self.V, D, bias=False)
+        self.out_proj = row(HV * V, D, par, "Gated DeltaNet out")
         fuse(self, "in_proj", ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
 
     def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
@@ -67,4 +78,4 @@ class GatedDeltaNet(nn.Module):
                                 torch.sigmoid(b.float()).to(x.dtype), state, batch.cu_seqlens, batch.slots,
                                 cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)  # [T, HV, V]
         o = ops.gated_rms_norm(o, self.norm.weight, z.reshape(T, HV, V), self.eps, activation="silu")
-        return self.out_proj(o.reshape(T, HV * V))
+        return self.par.all_reduce(self.out_proj(o.reshape(T, HV * V)))

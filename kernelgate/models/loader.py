@@ -349,6 +349,19 @@ def _pieces(p, spec, par: Parallel, src_shape: tuple, idx: tuple) -> list:
     return out
 
 
+def _row_pieces(name: str, p, spec, par: Parallel, src_shape: tuple, idx: tuple, a: int, b: int) -> list:
+    """_pieces for a recipe entry reading rows [a, b) of its source into `full[idx]` (a fused
+    checkpoint tensor de-interleaved, e.g. Qwen3-Next's in_proj_qkvz): this rank's share of
+    those rows, as (destination index, 0, first row, end row) of the source."""
+    out = []
+    for dst, sd, lo, hi in _pieces(p, spec, par, (b - a,) + tuple(src_shape[1:]), idx):
+        if sd not in (None, 0):
+            raise KernelgateError(f"load_model: {name} is split along dim {spec[0]}, which its checkpoint "
+                                  f"rows recipe cannot slice")
+        out.append((dst, 0, a, b) if sd is None else (dst, 0, a + lo, a + hi))
+    return out
+
+
 def load_weights(model: KimiLinearForCausalLM, source) -> None:
     """Fill the model's parameters from a checkpoint folder, or a dict of tensors in either
     layout, one source tensor at a time straight into its parameter (or slice of one). A
@@ -379,8 +392,8 @@ def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
     plan = _plan(model, ckpt)
     fp8, fmt, checks = quant.fp8_params(model), getattr(ckpt, "fp8", None), []
     jobs = [(name, p, src, piece) for name, p, sources in plan for src, idx, *rows in sources
-            for piece in ([(tuple(idx), 0, *rows[0])] if rows else          # rows (a, b) of the source
-                          _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx))]
+            for piece in (_row_pieces(name, p, specs.get(name), model.par, ckpt.shape(src), idx, *rows[0]) if rows
+                          else _pieces(p, specs.get(name), model.par, ckpt.shape(src), idx))]
     nbytes = [ckpt.nbytes(src) * (1 if sd is None else (b - a) / ckpt.shape(src)[sd])
               for _, _, src, (_, sd, a, b) in jobs]
     update, close = _progress(int(sum(nbytes)))

@@ -2,8 +2,9 @@
 
 A `Parallel` says which rank of how many this process is. Layers build their parameters at
 their shard's size and mark each sharded parameter with (dim, segments): the full tensor's
-`dim` is `segments` equal parts (q|k|v: 3, gate|up: 2) and rank r holds part r / size of
-every segment, in order. The loader reads exactly those slices; everything unmarked is
+`dim` is `segments` equal parts (q|k|v: 3, gate|up: 2) -- or parts of the given full sizes
+(a tuple: Gated DeltaNet's q | k | v, whose v has more heads) -- and rank r holds part r / size
+of every segment, in order. The loader reads exactly those slices; everything unmarked is
 replicated. Column-parallel outputs need no collective; a row-parallel output is a partial
 sum, reduced once per block (`all_reduce`). Vocab-parallel embedding masks the ids outside
 the rank's rows and sums over ranks; vocab-parallel logits are gathered along the vocab.
@@ -45,14 +46,26 @@ class Parallel:
         torch.distributed.all_gather(parts, x, group=self.group)
         return torch.cat(parts, dim=-1)
 
-    def part(self, full: int, segments: int = 1) -> list:
+    def part(self, full: int, segments=1) -> list:
         """[(full start, local start, length)] of this rank's piece of each segment of `full`."""
-        seg = full // segments
-        n = seg // self.size
-        return [(s * seg + self.rank * n, s * n, n) for s in range(segments)]
+        out, g0, l0 = [], 0, 0
+        for seg in segment_sizes(full, segments):
+            n = seg // self.size
+            out.append((g0 + self.rank * n, l0, n))
+            g0, l0 = g0 + seg, l0 + n
+        return out
 
 
 SINGLE = Parallel()
+
+
+def segment_sizes(n: int, segments) -> list:
+    """The sizes of the segments of a dim of length `n` (full, or one rank's: the same shares):
+    `segments` equal parts, or parts in proportion to the tuple of full sizes `segments`."""
+    if isinstance(segments, int):
+        return [n // segments] * segments
+    total = sum(segments)
+    return [s * n // total for s in segments]
 
 
 def check_config(c, size: int, expert_parallel: bool) -> None:
@@ -60,6 +73,12 @@ def check_config(c, size: int, expert_parallel: bool) -> None:
     if size == 1:
         return
     p = Parallel(0, size, expert_parallel)
+    if "linear_attention" in c.layer_types:
+        p.split(c.linear_num_key_heads, "linear_num_key_heads (Gated DeltaNet key heads)")
+        p.split(c.linear_num_value_heads, "linear_num_value_heads (Gated DeltaNet value heads)")
+    if "full_attention" in c.layer_types:
+        p.split(c.num_attention_heads, "num_attention_heads")
+        p.split(c.num_key_value_heads, "num_key_value_heads (K/V heads are split, not replicated)")
     if "kda" in c.layer_types:
         p.split(c.linear_num_heads, "linear_num_heads (KDA heads)")
     if "mla" in c.layer_types:
@@ -68,8 +87,11 @@ def check_config(c, size: int, expert_parallel: bool) -> None:
     if "dense" in c.mlp_types:
         p.split(c.intermediate_size, "intermediate_size")
     if "moe" in c.mlp_types:
-        if c.num_shared_experts:
-            p.split(c.moe_intermediate_size * c.num_shared_experts, "the shared expert's intermediate size")
+        shared = getattr(c, "shared_expert_intermediate_size", None)
+        if shared is None:
+            shared = c.moe_intermediate_size * c.num_shared_experts
+        if shared:
+            p.split(shared, "the shared expert's intermediate size")
         if expert_parallel:
             p.split(c.num_experts, "num_experts (enable_expert_parallel)")
         else:
@@ -154,8 +176,9 @@ def materialize(model: nn.Module, dtype, device, fp32: tuple = ()) -> nn.Module:
     return model
 
 
-def column(in_f: int, out_f: int, par: Parallel, what: str, segments: int = 1, quantize: bool = True) -> nn.Linear:
-    """Linear whose output features (`segments` fused parts) are split over the ranks.
+def column(in_f: int, out_f: int, par: Parallel, what: str, segments=1, quantize: bool = True) -> nn.Linear:
+    """Linear whose output features (`segments` fused parts: a count, or their full sizes) are
+    split over the ranks.
     quantize=False: kept in the model dtype in an FP8 model (a weight read as a tensor, not called)."""
     lin = nn.Linear(in_f, par.split(out_f, what), bias=False)
     mark(lin, "weight", 0, segments)

@@ -34,7 +34,7 @@ from torch import nn
 from .. import ops
 from ..errors import KernelgateError
 from ..ops.quant.fp8_weights import block_dims, quantize_fp8_block, quantize_fp8_channel, scale_shape
-from .parallel import SINGLE, fuse, stack
+from .parallel import SINGLE, fuse, segment_sizes, stack
 
 FP8 = torch.float8_e4m3fn
 DEFAULT_BLOCK = (128, 128)
@@ -131,18 +131,19 @@ def _whole_blocks(m: nn.Module, pname: str, parts: int, fp8: Fp8, par) -> bool:
     shape = m._parameters[pname].shape
     nd = len(shape)
     bn, bk = fp8.block
-    if parts > 1 and (shape[nd - 2] // parts) % bn:
+    if parts != 1 and any(n % bn for n in segment_sizes(shape[nd - 2], parts)):
         return False
     mark = m.__dict__.get("_tp_shards", {}).get(pname)
     if mark is None or par.size == 1 or mark[0] < nd - 2:     # replicated, or whole experts per rank
         return True
     d, seg = mark
     b = bn if d == nd - 2 else bk
-    n = shape[d] // seg                                     # this rank's rows (columns) of each segment
-    if n % b == 0:
+    ns = segment_sizes(shape[d], seg)                       # this rank's rows (columns) of each segment
+    if all(n % b == 0 for n in ns):
         return True
-    if seg > 1:
+    if len(ns) > 1:
         return False
+    n = ns[0]
     if not fp8.sliced:
         return True                                         # quantized per rank: its shard is its grid
     # a published grid: each rank's rows must lie inside one block (whose scale row it then holds)

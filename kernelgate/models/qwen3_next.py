@@ -5,7 +5,9 @@ Same interface as kimi_linear.py: `model.step(tokens, batch, cache)` runs one en
 a varlen batch (GDN / conv states in slots, K/V in paged blocks of a LayerCache) and returns
 the logits of each sequence's last token; `model(token_ids[B, T])` is a plain full-sequence
 forward. Decoder norms are zero-centred (rms(x) * (1 + w)). Built only from registry ops and
-plain torch: no platform branch here. Single process only (no tensor / expert parallel yet).
+plain torch: no platform branch here. Tensor / expert parallel as Kimi Linear (models/parallel.py:
+each layer holds its rank's heads / experts, one all-reduce per block, vocab-parallel embedding
+and logits).
 """
 from __future__ import annotations
 
@@ -18,20 +20,20 @@ from .cache import LayerCache, spec_bytes
 from .gated_attention import GatedAttention, rotary
 from .gdn import GatedDeltaNet
 from .layers import MLP, OffsetRMSNorm
-from .parallel import SINGLE, Parallel, VocabEmbedding, materialize
+from .parallel import SINGLE, Parallel, VocabEmbedding, column, materialize
 from .qwen3_next_config import Qwen3NextConfig
 from .qwen_moe import SparseMoE
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: Qwen3NextConfig, i: int):
+    def __init__(self, c: Qwen3NextConfig, i: int, par: Parallel = SINGLE):
         super().__init__()
         self.linear = c.layer_types[i] == "linear_attention"
         if self.linear:
-            self.linear_attn = GatedDeltaNet(c, i)
+            self.linear_attn = GatedDeltaNet(c, i, par)
         else:
-            self.self_attn = GatedAttention(c, i)
-        self.mlp = SparseMoE(c) if c.mlp_types[i] == "moe" else MLP(c.hidden_size, c.intermediate_size)
+            self.self_attn = GatedAttention(c, i, par)
+        self.mlp = SparseMoE(c, par) if c.mlp_types[i] == "moe" else MLP(c.hidden_size, c.intermediate_size, par)
         self.input_layernorm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -47,22 +49,21 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, c: Qwen3NextConfig):
+    def __init__(self, c: Qwen3NextConfig, par: Parallel = SINGLE):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, SINGLE)
-        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, par)
+        self.layers = nn.ModuleList(DecoderLayer(c, i, par) for i in range(c.num_hidden_layers))
         self.norm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class Qwen3NextForCausalLM(nn.Module):
     def __init__(self, config: Qwen3NextConfig, par: Parallel = SINGLE):
+        """par: this process's rank of a tensor-parallel group (kernelgate.models.parallel);
+        the vocabulary-parallel logits are gathered, so step() / forward() return all of V."""
         super().__init__()
-        if par.size != 1:
-            raise KernelgateError(f"{config.model_type}: tensor / expert parallel is not supported for this model "
-                                  f"family yet (tensor_parallel_size {par.size}); load it with tensor_parallel_size=1")
         self.config, self.par = config, par
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = Backbone(config, par)
+        self.lm_head = column(config.hidden_size, config.vocab_size, par, "vocab_size", quantize=False)
         self.tokenizer = None
         self.requires_grad_(False)
 
@@ -76,18 +77,19 @@ class Qwen3NextForCausalLM(nn.Module):
 
     @property
     def tp_size(self) -> int:
-        return 1
+        return self.par.size
 
     def cache_specs(self, dtype: torch.dtype | None = None) -> tuple:
         """(slot_specs, block_specs) of the LayerCache: per GDN layer its recurrent state
-        [HV, K, V] fp32 and conv state [C, W-1]; per full-attention layer K and V [Hkv, Dh]."""
-        c, dt = self.config, dtype or self.dtype
+        [HV, K, V] fp32 and conv state [C, W-1]; per full-attention layer K and V [Hkv, Dh]
+        (this rank's heads and channels)."""
+        c, dt, n = self.config, dtype or self.dtype, self.par.size
         gdn = [i for i, t in enumerate(c.layer_types) if t == "linear_attention"]
         attn = [i for i, t in enumerate(c.layer_types) if t == "full_attention"]
-        slot = {"gdn_state": {i: ((c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+        slot = {"gdn_state": {i: ((c.linear_num_value_heads // n, c.linear_key_head_dim, c.linear_value_head_dim),
                                   torch.float32) for i in gdn},
-                "conv_state": {i: ((c.conv_dim, c.conv_kernel_size - 1), dt) for i in gdn}}
-        kv = ((c.num_key_value_heads, c.head_dim), dt)
+                "conv_state": {i: ((c.conv_dim // n, c.conv_kernel_size - 1), dt) for i in gdn}}
+        kv = ((c.num_key_value_heads // n, c.head_dim), dt)
         block = {"k_cache": {i: kv for i in attn}, "v_cache": {i: kv for i in attn}}
         return slot, block
 
@@ -125,7 +127,7 @@ class Qwen3NextForCausalLM(nn.Module):
     def step(self, tokens: torch.Tensor, batch: StepBatch, cache: LayerCache) -> torch.Tensor:
         """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
         h = self.hidden(tokens, batch, cache)
-        return self.lm_head(h[batch.last_token_index]).float()
+        return self.par.gather_last(self.lm_head(h[batch.last_token_index]).float())
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -138,7 +140,7 @@ class Qwen3NextForCausalLM(nn.Module):
         batch = StepBatch.build([T] * B, list(range(B)), [0] * B, self.device, [[i] for i in range(B)], T)
         batch.decode = False                     # a one-token forward is a prefill, not a decode step
         h = self.hidden(token_ids.to(self.device).reshape(-1), batch, cache)
-        return self.lm_head(h).view(B, T, -1)
+        return self.par.gather_last(self.lm_head(h)).view(B, T, -1)
 
 
 def random_weights(model: Qwen3NextForCausalLM, seed: int = 0, std: float = 0.02) -> Qwen3NextForCausalLM:

@@ -196,6 +196,24 @@ class Qwen3NextConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_checkpoint(self) -> dict:
+        """config.json for this config in transformers' layout for its model_type (Qwen3.5-MoE's
+        language model under text_config); `from_dict` reads it back equal."""
+        d = {name: getattr(self, name) for name in _PLAIN}
+        d.update({theirs: getattr(self, ours) for ours, theirs in _NAMES.items()})
+        d.update(model_type=self.model_type, tie_word_embeddings=self.tie_word_embeddings,
+                 layer_types=list(self.layer_types), eos_token_id=list(self.eos_token_ids), dtype=self.dtype,
+                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta,
+                                  "partial_rotary_factor": self.partial_rotary_factor})
+        if self.model_type == "qwen3_next":
+            d.update(mlp_only_layers=[i for i, t in enumerate(self.mlp_types) if t == "dense"], decoder_sparse_step=1)
+        elif "dense" in self.mlp_types:
+            raise KernelgateError(f"config: model_type {self.model_type!r} has MoE in every layer; dense layers "
+                                  f"need model_type 'qwen3_next'")
+        if self.model_type == "qwen3_5_moe":
+            return {"model_type": "qwen3_5_moe", "text_config": d, "tie_word_embeddings": self.tie_word_embeddings}
+        return d
+
 
 def tiny(**overrides) -> Qwen3NextConfig:
     """A small Qwen3-Next-shaped model (3 GDN layers, 1 full attention, GVA 2 -> 4 heads)."""

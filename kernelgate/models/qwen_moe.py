@@ -13,6 +13,11 @@ row E of the router (`router` [E + 1, D] fp32: gate.weight and shared_expert_gat
 views into it): one GEMV gives the expert logits and the gate logit, one routing launch the top-k
 weights and the gate's sigmoid in slot k, one fused_experts call runs both (at decode, one pass
 over k + 1 experts' weights instead of the routed kernels plus the shared MLP's launches).
+
+Tensor / expert parallel (as layers.MoE): the router and the shared expert's gate are replicated
+(every rank routes identically); the experts are split along their intermediate size, or whole
+experts per rank with expert parallel (then the shared expert is a tensor-parallel MLP beside
+them, not stacked); every rank's output is a partial sum, reduced by one all-reduce.
 """
 from __future__ import annotations
 
@@ -22,21 +27,22 @@ from torch import nn
 
 from .. import ops
 from .layers import MLP, Experts, _param
-from .parallel import fuse, stack
+from .parallel import SINGLE, fuse, stack
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, par=SINGLE):
         super().__init__()
+        self.par = par
         self.k, self.renormalize = c.num_experts_per_token, c.norm_topk_prob
         self.gate = nn.Module()
         self.gate.weight = _param(c.num_experts, c.hidden_size, dtype=torch.float32)
-        self.experts = Experts(c)
+        self.experts = Experts(c, par)
         self.shared_expert = None
         if c.shared_expert_intermediate_size:
-            self.shared_expert = MLP(c.hidden_size, c.shared_expert_intermediate_size)
+            self.shared_expert = MLP(c.hidden_size, c.shared_expert_intermediate_size, par, reduce=False)
             self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False)
-        self.stacked = c.shared_expert_intermediate_size == c.moe_intermediate_size
+        self.stacked = c.shared_expert_intermediate_size == c.moe_intermediate_size and not par.expert_parallel
         if self.stacked:
             stack(self, "gate_up", [("experts", "gate_up_proj"), ("shared_expert.gate_up_proj", "weight")])
             stack(self, "down", [("experts", "down_proj"), ("shared_expert.down_proj", "weight")])
@@ -49,10 +55,13 @@ class SparseMoE(nn.Module):
             logits = F.linear(x.float(), self.router)                                # [T, E + 1] fp32
             weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax",
                                                    num_fused_shared_experts=1, shared_gate="sigmoid")
-            return ops.fused_experts(x, self.gate_up, self.down, weights, ids)       # slot k: expert E, its gate
+            return self.par.all_reduce(ops.fused_experts(x, self.gate_up, self.down, weights, ids))  # slot k: E
         logits = F.linear(x.float(), self.gate.weight)                               # [T, E] fp32
         weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax")
+        if self.par.expert_parallel:   # other ranks' experts become -1: skipped by fused_experts
+            local = ids - self.experts.first_expert
+            ids = torch.where((local >= 0) & (local < self.experts.down_proj.shape[0]), local, -1)
         out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        return self.par.all_reduce(out)

@@ -136,11 +136,6 @@ def test_config_reads_old_style_rope_and_interval():
         Qwen3NextConfig.from_dict({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}})
 
 
-def test_tensor_parallel_refused(hf):
-    with pytest.raises(KernelgateError, match="tensor / expert parallel is not supported"):
-        kernelgate.load_model(hf["root"] / "next", tensor_parallel_size=2)
-
-
 def test_simulated_xpu_matches_hf(hf):
     """The portable Triton kernels (GDN prefill / packed decode, short conv, paged attention,
     routing, experts, norms) on the XPU dispatch path, under the interpreter."""

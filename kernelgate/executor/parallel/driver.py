@@ -21,7 +21,6 @@ from ...config import EngineConfig
 from ...distributed import launch
 from ...errors import KernelgateError
 from ...models import quant
-from ...models.config import KimiLinearConfig
 from ...models.loader import (
     _dtype,
     load_model,
@@ -66,7 +65,7 @@ class DriverRunner(RankRunner):
 
 
 class ParallelModel:
-    """A Kimi Linear model sharded over `size` processes (tensor parallel; expert parallel for
+    """A model (either family) sharded over `size` processes (tensor parallel; expert parallel for
     the routed experts when `expert_parallel`). source: a checkpoint folder, or a model in this
     process (written once to a temporary checkpoint that every rank reads its slices of)."""
 
@@ -81,9 +80,6 @@ class ParallelModel:
             tokenizer = None
         else:
             config, tokenizer = source.config, getattr(source, "tokenizer", None)
-        if not isinstance(config, KimiLinearConfig):
-            raise KernelgateError(f"load_model: tensor / expert parallel is not supported for model_type "
-                                  f"{config.model_type!r} yet (tensor_parallel_size {size}); use tensor_parallel_size=1")
         if not isinstance(source, (str, Path)):
             self._tmp = tempfile.TemporaryDirectory(prefix="kernelgate-tp-")
             folder = save_checkpoint(source, self._tmp.name)
