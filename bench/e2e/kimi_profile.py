@@ -110,7 +110,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batches", default="1,64")
-    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--prefill", type=int, default=8192, help="prompt tokens of the profiled prefill (0: none)")
     ap.add_argument("--hf", action="store_true", help="also profile HF transformers")
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE at real width (random weights) instead of Kimi")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
@@ -155,6 +155,8 @@ def main():
         kernels(sched.step, f"decode b{b} step", a.top)
     for spec in filter(None, a.mixed.split(",")):
         mixed(ours, spec, a.top)
+    if not a.prefill:
+        return
     nb = -(-a.prefill // 64)
     cache = ours.new_cache(1, nb, 64)
     ids = torch.randint(0, 1000, (a.prefill,), device=dev)
