@@ -188,6 +188,17 @@ def _prompts(n: int, length: int, vocab: int, seed: int):
     return [torch.randint(0, min(vocab, 1000), (length,), generator=g).tolist() for _ in range(n)]
 
 
+PAIRS = (("fp8", "bf16"), ("bf16", "fp32"), ("fp8 weights, fp32 activations", "fp32"))
+
+
+def _pair_row(out: dict, a: str, b: str) -> list:
+    """[pair, max rel err of the logits over the prompts, argmax agreement, prompts with equal greedy tokens]."""
+    (la, ga), (lb, gb) = out[a], out[b]
+    rel = max(float((x - y).norm() / y.norm()) for x, y in zip(la, lb))
+    agree = float((la.argmax(-1) == lb.argmax(-1)).float().mean())
+    return [f"{a} vs {b}", f"{rel:.3e}", f"{agree:.3f}", f"{sum(x == y for x, y in zip(ga, gb))} / {len(ga)}"]
+
+
 def part_error(args, device) -> list:
     import torch
 
@@ -216,13 +227,10 @@ def part_error(args, device) -> list:
         out[name] = (logits, greedy)
         print(f"  error: {name} loaded and run", flush=True)
         free(held, device)
-    rows = []
-    for a, b in (("fp8", "bf16"), ("bf16", "fp32"), ("fp8 weights, fp32 activations", "fp32")):
-        (la, ga), (lb, gb) = out[a], out[b]
-        rel = max(float((x - y).norm() / y.norm()) for x, y in zip(la, lb))
-        agree = float((la.argmax(-1) == lb.argmax(-1)).float().mean())
-        same = sum(x == y for x, y in zip(ga, gb))
-        rows.append([f"{a} vs {b}", f"{rel:.3e}", f"{agree:.3f}", f"{same} / 16"])
+        for a, b in PAIRS:          # each pair as soon as both sides ran (a cut-off run keeps what it had)
+            if name in (a, b) and a in out and b in out:
+                print(f"  error: {' | '.join(_pair_row(out, a, b))}", flush=True)
+    rows = [_pair_row(out, a, b) for a, b in PAIRS]
     _table(f"error FP8 adds: {args.error_layers} layers, 16 prompts x 32 tokens, random weights "
            f"({'checkpoint on disk' if folder else 'streamed from RandomSource'})",
            ["pair", "max rel err of logits", "argmax agreement", "prompts with equal 16 greedy tokens"], rows)

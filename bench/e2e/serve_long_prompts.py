@@ -36,6 +36,9 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=32768)
     ap.add_argument("--num-long", type=int, default=8)
     ap.add_argument("--short", type=int, default=64)
+    ap.add_argument("--short-output", type=int, default=1024,
+                    help="tokens each short stream decodes: enough to outlast the long prompts' prefill (the 256 "
+                         "of Sessions 16-17 ended before the long prompts arrived once the steps were fast)")
     ap.add_argument("--trace", metavar="DIR", help="the server at log level debug: a summary of the engine's "
                                                   "steps while the long prompts run, and every step line in DIR")
     a = ap.parse_args()
@@ -53,7 +56,7 @@ def main() -> None:
         alone = json.loads(subprocess.run(bench_args(base, a.short, a.short, 128, 64, 1), capture_output=True,
                                           text=True, check=True).stdout.strip().splitlines()[-1])
         # the short streams long enough to outlast the long prompts' prefill; the long ones join after 1 s
-        shorts = subprocess.Popen(bench_args(base, a.short, a.short, 128, 256 if not a.tiny else 48, 2),
+        shorts = subprocess.Popen(bench_args(base, a.short, a.short, 128, a.short_output if not a.tiny else 48, 2),
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)
         mark = os.path.getsize(log)

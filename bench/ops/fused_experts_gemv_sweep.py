@@ -6,7 +6,8 @@ Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16 (--shared
 call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at T = 1, 4, 8):
 each launch choice is checked against the native reference, then timed in a CUDA graph; the
 floor is each distinct expert's weights read once at the measured copy bandwidth. --qwen: the
-Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8).
+Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8). --fp8: the FP8 GEMV
+(fused_experts_fp8_gemv_triton.py, 128 x 128 block scales; its tile is 2 x BLOCK_K codes).
 """
 from __future__ import annotations
 
@@ -17,18 +18,22 @@ import torch
 
 from kernelgate import platform
 from kernelgate.ops.moe import fused_experts as fe
+from kernelgate.ops.moe import fused_experts_fp8 as fe8
+from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gv8
 from kernelgate.ops.moe import fused_experts_gemv_triton as gv
 from kernelgate.tools import benchmark
 from kernelgate.tools.testing import rel_err
 
 
 def with_shared(args):
-    """The routed experts plus a shared one, stacked as expert E, in a unit-weight last slot."""
-    x, w_gate_up, w_down, topk_w, topk_ids = args
+    """The routed experts plus a shared one, stacked as expert E, in a unit-weight last slot
+    (FP8: its scales stacked alike)."""
+    x, w_gate_up, w_down, topk_w, topk_ids, *scales = args
     E = w_down.shape[0]
     ids = torch.cat([topk_ids, torch.full_like(topk_ids[:, :1], E)], 1)
     wts = torch.cat([topk_w, torch.ones_like(topk_w[:, :1])], 1)
-    return (x, torch.cat([w_gate_up, w_gate_up[:1]]), torch.cat([w_down, w_down[:1]]), wts, ids)
+    return (x, torch.cat([w_gate_up, w_gate_up[:1]]), torch.cat([w_down, w_down[:1]]), wts, ids,
+            *[torch.cat([s, s[:1]]) for s in scales])
 
 
 def main() -> int:
@@ -36,6 +41,7 @@ def main() -> int:
     ap.add_argument("--shared", action="store_true")
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
     ap.add_argument("--tokens", default="", help="comma-separated T (default 1,4,16; --shared 1,4,8)")
+    ap.add_argument("--fp8", action="store_true", help="the FP8 GEMV (block 128 x 128 scales)")
     a = ap.parse_args()
     D, I = (2048, 512) if a.qwen else (2304, 1024)
     if not torch.cuda.is_available():
@@ -45,31 +51,35 @@ def main() -> int:
     bw = benchmark.copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
     dispatched = gv.launch_config
+    mod, ref_fn = (gv8, fe8.fused_experts_fp8_native) if a.fp8 else (gv, fe.fused_experts_native)
+    run = gv8.fused_experts_fp8_gemv if a.fp8 else gv.fused_experts_gemv
     try:
         tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else ((1, 4, 8) if a.shared else (1, 4, 16))
         for T in tokens:
             gen = torch.Generator(device=dev).manual_seed(0)
-            args, kw = fe.make_inputs(T, D, I, 256, 8, torch.bfloat16, dev, gen)
+            args, kw = (fe8 if a.fp8 else fe).make_inputs(T, D, I, 256, 8, torch.bfloat16, dev, gen)
             if a.shared:
                 args = with_shared(args)
-            floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
-            ref = fe.fused_experts_native(*args, **kw)
+            floor_us = (fe8 if a.fp8 else fe)._bytes(args, kw) / (bw * 1e9) * 1e6
+            ref = ref_fn(*args, **kw)
             default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
             for bi, bo, bk, w in itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8)):
+                if a.fp8 and (bi > 16 or w == 2):           # (a smaller grid: the bf16 sweep's losers)
+                    continue
                 if bi * bk > 16384 or bo * bk > 16384:
                     continue
                 trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
-                gv.launch_config = lambda plat, tokens=2, trial=trial: trial  # noqa: E731
-                out = gv.fused_experts_gemv(*args, **kw)
+                mod.launch_config = lambda plat, tokens=2, trial=trial: trial  # noqa: E731
+                out = run(*args, **kw)
                 err = rel_err(out, ref)
                 if err > 2e-2:
                     print(f"| {T} | {bi} | {bo} | {bk} | {w} | wrong: {err:.1e} | |")
                     continue
-                us = benchmark.graph_us(lambda: gv.fused_experts_gemv(*args, **kw), dev)
+                us = benchmark.graph_us(lambda: run(*args, **kw), dev)
                 star = " *" if trial == default else ""
                 print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
     finally:
-        gv.launch_config = dispatched
+        mod.launch_config = dispatched
     return 0
 
 
