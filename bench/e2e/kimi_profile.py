@@ -70,6 +70,39 @@ def kernels(fn, title, top=18, warm=True):
     print("sync/copy api calls: " + ", ".join(f"{e.key} x{e.count} ({e.cpu_time_total:.0f} us)" for e in syncs))
 
 
+def tail(model, spec, top):
+    """The step that ends a long prompt: its last TAIL tokens after CTX cached ones, beside RUNNING
+    decoding streams (what a served long prompt's last chunk looks like), against the chunk steps
+    before it; budget 8,192, prefix cache off (no snapshot splits)."""
+    from kernelgate.engine import SamplingParams
+    ctx, n_tail, running = (int(x) for x in spec.split("+"))
+    budget = 8192
+    per = budget - running
+    L = (ctx // per) * per + n_tail
+    from kernelgate.engine import Engine
+    sched = Engine(model, max_num_seqs=running + 1, max_model_len=max(L, 528) + 8, max_num_batched_tokens=budget,
+                   block_size=64, num_cache_blocks=(running + 1) * -(-(max(L, 528) + 8) // 64),
+                   enable_prefix_caching=False)
+    g = torch.Generator().manual_seed(3)
+    for i in range(running):
+        sched.add_request(f"r{i}", torch.randint(0, 1000, (128,), generator=g).tolist(),
+                          SamplingParams(max_new_tokens=400))
+    for _ in range(6):
+        sched.step()
+    sched.add_request("long", torch.randint(0, 1000, (L,), generator=g).tolist(), SamplingParams(max_new_tokens=4))
+    times = []
+    for _ in range(ctx // per):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sched.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(f"\n## chunk steps of {per} tokens beside {running} decodes (ms, each reads the step before): "
+          + ", ".join(f"{t:.1f}" for t in times))
+    kernels(lambda: (sched.step(), sched.step()), f"tail step {n_tail} tokens after {L - n_tail} + {running} decodes, "
+            "and the step after it", top, warm=False)
+
+
 def mixed(model, spec, top):
     """One step of NEW fresh prompts joining RUNNING decoding requests (what a server's step
     looks like when a wave of requests arrives), timed and profiled (the second such wave)."""
@@ -115,6 +148,9 @@ def main():
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE at real width (random weights) instead of Kimi")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
     ap.add_argument("--top", type=int, default=18, help="kernels listed per profile")
+    ap.add_argument("--tail", default="", metavar="CTX+TAIL+RUNNING",
+                    help="also profile the step that ends a long prompt (its last TAIL tokens after about CTX) "
+                         "beside RUNNING decodes, e.g. 32768+67+64")
     ap.add_argument("--mixed", default="", metavar="NEWxLEN+RUNNING",
                     help="also profile a mixed step: NEW prompts of LEN tokens joining RUNNING decodes (e.g. 32x128+32; "
                          "comma-separated for several)")
@@ -135,7 +171,7 @@ def main():
     else:
         hf = e2e.hf_model(a.layers, dev, dtype, a.tiny)
         ours = e2e.kernelgate_model(hf, dev, dtype)
-    for b in [int(x) for x in a.batches.split(",")]:
+    for b in [int(x) for x in a.batches.split(",") if x]:
         sched = e2e._engine(ours, b, 200)
         g = torch.Generator().manual_seed(1)
         for i in range(b):   # distinct prompts: one shared prompt would route every token to the same experts
@@ -155,6 +191,8 @@ def main():
         kernels(sched.step, f"decode b{b} step", a.top)
     for spec in filter(None, a.mixed.split(",")):
         mixed(ours, spec, a.top)
+    for spec in filter(None, a.tail.split(",")):
+        tail(ours, spec, a.top)
     if not a.prefill:
         return
     nb = -(-a.prefill // 64)

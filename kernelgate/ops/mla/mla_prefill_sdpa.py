@@ -6,8 +6,10 @@ time, so memory is bounded in the context (Kimi, bf16: ~0.5 GB of transients per
 positions) and linear in the chunk.
 
 - A chunk that starts its sequence and fits one piece (L <= PIECE, a prompt's first chunk):
-  ONE public SDPA call over [0, L), causal. 4-D [1, H, n, D] inputs: the fused kernels take
-  only batched inputs (3-D falls back to the unfused math path).
+  ONE causal call over [0, L) through `attend_lse` (below), not the public SDPA: on NVIDIA that
+  sends every new length to cuDNN, which plans each shape on first use -- ~75 ms inside a
+  request whenever a served prompt's first chunk is the budget minus its step's decodes and
+  the previous prompt's tail (bench/RESULTS.md, Session 18).
 - A chunk after a cached prefix, or a longer context: the prefix [0, p0) and the chunk
   [p0, L) are cut into pieces at p0 (no bottom-right causal mask: torch's builds on
   torch._dynamo, seconds to import in a request), so
@@ -269,8 +271,8 @@ def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
     qi = q[t0:t1].transpose(0, 1)[None]                                      # [1, H, n, Dn + Dr]
     if p0 == 0 and L <= PIECE:
         k, v = expand(cache, table_row, 0, L, w, H, Dn, Dv, R, q.dtype)
-        out = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale)
-        return out[0].transpose(0, 1)
+        out, _ = attend_lse(qi, k, v, scale, causal=True)
+        return out[0].transpose(0, 1).to(q.dtype)
     acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
     mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
     den = torch.zeros(H, n, dtype=torch.float32, device=q.device)
