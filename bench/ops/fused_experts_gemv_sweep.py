@@ -42,6 +42,7 @@ def main() -> int:
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
     ap.add_argument("--tokens", default="", help="comma-separated T (default 1,4,16; --shared 1,4,8)")
     ap.add_argument("--fp8", action="store_true", help="the FP8 GEMV (block 128 x 128 scales)")
+    ap.add_argument("--only", default="", help="just these launches: 'BLOCK_I,BLOCK_O,BLOCK_K,warps;...'")
     a = ap.parse_args()
     D, I = (2048, 512) if a.qwen else (2304, 1024)
     if not torch.cuda.is_available():
@@ -63,8 +64,10 @@ def main() -> int:
             floor_us = (fe8 if a.fp8 else fe)._bytes(args, kw) / (bw * 1e9) * 1e6
             ref = ref_fn(*args, **kw)
             default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
-            for bi, bo, bk, w in itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8)):
-                if a.fp8 and (bi > 16 or w == 2):           # (a smaller grid: the bf16 sweep's losers)
+            grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
+                itertools.product((4, 8, 16, 32), (8, 16, 32), (64, 128, 256, 512), (2, 4, 8))
+            for bi, bo, bk, w in grid:
+                if not a.only and (bk == 64 or a.fp8 and (bi > 16 or w == 2)):   # (the bf16 sweep's losers)
                     continue
                 if bi * bk > 16384 or bo * bk > 16384:
                     continue
