@@ -3,10 +3,12 @@
     q, gate = q_proj(x) per head [Dh | Dh]          (each head's query, then its output gate)
     q, k    = rope(q_norm(q)), rope(k_norm(k_proj(x)))   per-head zero-centred RMSNorm (1 + w),
                                                           rotary on the first rotary_dim dims
+                                                          (`rms_norm_rope`: one launch each)
     o       = o_proj(attn(q, K, V) * sigmoid(gate))
 
 Rotary is the rotate-half form over the first `rotary_dim` = partial_rotary_factor * Dh dims
-(cos / sin per token come from the model, once per step: `rotary`). The step's keys and values
+(cos / sin per token come from the model, once per step: `rotary`), applied with the norm by
+the `rms_norm_rope` op (fp32 math, one rounding). The step's keys and values
 are written into this layer's paged cache (layout: kernelgate/ops/attention/paged.py) before
 attention reads them; decode steps use `paged_attention_decode`, all others
 `paged_attention_prefill` (chunks attend to their cached prefix).
@@ -33,14 +35,6 @@ def rotary(positions: torch.Tensor, rotary_dim: int, theta: float) -> tuple:
     return freqs.cos(), freqs.sin()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, Dh]: rotate-half rotary on dims [0, 2 * cos.shape[1]), the rest passed through."""
-    h = cos.shape[1]
-    x1, x2, rest = x[..., :h].float(), x[..., h:2 * h].float(), x[..., 2 * h:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([(x1 * c - x2 * s).to(x.dtype), (x2 * c + x1 * s).to(x.dtype), rest], dim=-1)
-
-
 class GatedAttention(nn.Module):
     def __init__(self, c, layer_idx: int, par=SINGLE):
         super().__init__()
@@ -65,8 +59,9 @@ class GatedAttention(nn.Module):
         qg, k, v = F.linear(x, self.qkv_proj).split([2 * H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
         qg = qg.view(T, H, 2 * Dh)
         gate = qg[..., Dh:].reshape(T, H * Dh)
-        q = apply_rotary(self.q_norm(qg[..., :Dh].contiguous()), *rope)             # [T, H, Dh]
-        k = apply_rotary(self.k_norm(k.reshape(T, Hkv, Dh)), *rope)                  # [T, Hkv, Dh]
+        # per-head zero-centred norm + rotary in one launch each, q read in place from the projection
+        q = ops.rms_norm_rope(qg[..., :Dh], self.q_norm.scale(), *rope, self.q_norm.eps)          # [T, H, Dh]
+        k = ops.rms_norm_rope(k.view(T, Hkv, Dh), self.k_norm.scale(), *rope, self.k_norm.eps)    # [T, Hkv, Dh]
         k_cache, v_cache = cache.k_cache[self.layer_idx], cache.v_cache[self.layer_idx]   # [NB, bs, Hkv, Dh]
         rows = batch.slot_mapping.long()            # device-side rows: no host sync, capturable
         k_cache.view(-1, Hkv, Dh).index_copy_(0, rows, k.to(k_cache.dtype))
