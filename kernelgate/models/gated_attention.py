@@ -19,10 +19,10 @@ Tensor parallel: this rank's H / size query heads (each with its gate) and Hkv /
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from . import quant
 from .layers import OffsetRMSNorm
 from .parallel import SINGLE, column, fuse, row
 
@@ -56,7 +56,7 @@ class GatedAttention(nn.Module):
         """x [T, D] packed tokens of `batch`; rope: (cos, sin) [T, rotary_dim // 2] of their positions."""
         H, Hkv, Dh = self.H, self.Hkv, self.Dh
         T = x.shape[0]
-        qg, k, v = F.linear(x, self.qkv_proj).split([2 * H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+        qg, k, v = quant.linear(x, self, "qkv_proj").split([2 * H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
         qg = qg.view(T, H, 2 * Dh)
         gate = qg[..., Dh:].reshape(T, H * Dh)
         # per-head zero-centred norm + rotary in one launch each, q read in place from the projection

@@ -21,10 +21,10 @@ out_proj's output is a partial sum, reduced once here.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from . import quant
 from .layers import _param
 from .parallel import SINGLE, column, fuse, mark, row
 
@@ -64,7 +64,7 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]
         conv_state = cache.conv_state[self.layer_idx]                  # [S, C, W-1]
         state = cache.gdn_state[self.layer_idx]                        # [S, HV, K, V] fp32
-        mixed, z, b, a = F.linear(x, self.in_proj).split([self.C, HV * V, HV, HV], dim=-1)
+        mixed, z, b, a = quant.linear(x, self, "in_proj").split([self.C, HV * V, HV, HV], dim=-1)
         if batch.decode:
             qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
             o = ops.gdn_packed_decode(qkv, a, b, self.A_log, self.dt_bias, state, batch.slots, HK, HV, K)

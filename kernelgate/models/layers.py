@@ -166,9 +166,14 @@ class MoE(nn.Module):
         return self.par.all_reduce(out)
 
     def _experts(self, x, weights, ids, owner, gate_up: str, down: str) -> torch.Tensor:
-        """fused_experts over `owner`'s tensors `gate_up` / `down`; FP8 ones with their scales."""
-        w1, w2 = getattr(owner, gate_up), getattr(owner, down)
-        if not quant.is_fp8(w1):
-            return ops.fused_experts(x, w1, w2, weights, ids)
-        return ops.fused_experts_fp8(x, w1, w2, weights, ids, quant.scale(owner, gate_up), quant.scale(owner, down),
-                                     block_size=self.experts.fp8_block)
+        return run_experts(x, weights, ids, owner, gate_up, down, self.experts)
+
+
+def run_experts(x, weights, ids, owner, gate_up: str, down: str, experts: Experts) -> torch.Tensor:
+    """fused_experts over `owner`'s tensors `gate_up` / `down` (an Experts module's, or the stacked
+    ones of an MoE block); FP8 ones through fused_experts_fp8 with their scales."""
+    w1, w2 = getattr(owner, gate_up), getattr(owner, down)
+    if not quant.is_fp8(w1):
+        return ops.fused_experts(x, w1, w2, weights, ids)
+    return ops.fused_experts_fp8(x, w1, w2, weights, ids, quant.scale(owner, gate_up), quant.scale(owner, down),
+                                 block_size=experts.fp8_block)

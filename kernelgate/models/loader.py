@@ -420,7 +420,7 @@ def _fp8_in_checkpoint(model: KimiLinearForCausalLM, ckpt) -> set:
     """Parameters of a (meta) model whose checkpoint tensors are all e4m3: a published FP8 one's."""
     specs, out = shard_specs(model), set()
     for name, p in model.named_parameters():
-        recipes = _recipes(name, _full_shape(p, specs.get(name), model.par.size), model.config)
+        recipes = family_of(model).recipes(name, _full_shape(p, specs.get(name), model.par.size), model.config)
         found = next((r for r in recipes if all(s in ckpt for s, *_ in r)), None)
         if found and all(ckpt.dtype(s) == quant.FP8 for s, *_ in found):
             out.add(name)
@@ -453,17 +453,11 @@ def check_sizes(config, ckpt, par: Parallel = SINGLE, dtype=torch.float32, quant
                               + (f" ... and {len(bad) - 4} more" if len(bad) > 4 else ""))
     fam = next(f for f in (KIMI, QWEN) if isinstance(config, f.config_cls))
     fp8 = quant.scheme(quantization, "load_model")
-    if fam is not KIMI:
-        if fp8 is not None or getattr(ckpt, "fp8", None) is not None:
-            raise KernelgateError(f"load_model: FP8 weights (quantization='fp8' or an FP8 checkpoint) are "
-                                  f"supported for kimi_linear only, not {fam.name}")
-        _plan(fam.build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt, warn=False)
-        return None
     if getattr(ckpt, "fp8", None) is not None:
         fmt = ckpt.fp8
-        chosen = _fp8_in_checkpoint(build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt)
+        chosen = _fp8_in_checkpoint(fam.build(config, device="meta", dtype=dtype, seed=None, par=par), ckpt)
         fp8 = quant.Fp8(fmt.block, chosen.__contains__, sliced=True)
-    _plan(build(config, device="meta", dtype=dtype, seed=None, par=par, quantization=fp8), ckpt, warn=False)
+    _plan(fam.build(config, device="meta", dtype=dtype, seed=None, par=par, quantization=fp8), ckpt, warn=False)
     return fp8
 
 
@@ -521,8 +515,7 @@ def load_model(path, device=None, dtype=None, par: Parallel = SINGLE, quantizati
     ckpt = _open(folder)
     try:
         fp8 = check_sizes(config, ckpt, par, dt, quantization)
-        model = (fam.build(config, device=dev, dtype=dt, seed=None, par=par) if fam is not KIMI
-                 else build(config, device=dev, dtype=dt, seed=None, par=par, quantization=fp8))
+        model = fam.build(config, device=dev, dtype=dt, seed=None, par=par, quantization=fp8)
         with torch.no_grad():
             _fill(model, ckpt)
     finally:

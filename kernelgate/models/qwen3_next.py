@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import KernelgateError
+from . import quant
 from .batch import StepBatch
 from .cache import LayerCache, spec_bytes
 from .gated_attention import GatedAttention, rotary
@@ -147,8 +148,14 @@ def random_weights(model: Qwen3NextForCausalLM, seed: int = 0, std: float = 0.02
     """Seeded random weights shaped like a trained checkpoint (zero-centred norms near 0, GDN
     decay in range), drawn in place on the model's device in each parameter's own dtype."""
     g = torch.Generator(device=model.device).manual_seed(seed)
+    fp8, scales = quant.fp8_tensors(model)
     for name, p in model.named_parameters():
-        if name.endswith("linear_attn.norm.weight"):
+        if name in scales:      # filled with their weights
+            continue
+        if name in fp8:         # one parameter's model-dtype temporary, quantized
+            w = torch.empty(p.shape, dtype=model.dtype, device=p.device).normal_(0.0, std, generator=g)
+            quant.quantize_into(w, p, *fp8[name])
+        elif name.endswith("linear_attn.norm.weight"):
             p.normal_(1.0, 0.1, generator=g)
         elif "norm" in name:
             p.normal_(0.0, 0.1, generator=g)
@@ -167,15 +174,19 @@ FP32_PARAMS = ("A_log", "dt_bias", "mlp.gate.weight")
 
 
 def build(config: Qwen3NextConfig, device=None, dtype=torch.float32, seed: int | None = 0,
-          par: Parallel = SINGLE) -> Qwen3NextForCausalLM:
+          par: Parallel = SINGLE, quantization=None) -> Qwen3NextForCausalLM:
     """A model with `config`; seeded random weights unless seed is None (then uninitialised).
     Every parameter is allocated once, in its final dtype, on `device` (router and decay
-    parameters in fp32: FP32_PARAMS)."""
+    parameters in fp32: FP32_PARAMS). quantization: "fp8" (or a quant.Fp8): projections and
+    experts as FP8 codes + scales, activations in `dtype` (models/quant.py)."""
+    fp8 = quant.scheme(quantization)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
     device = torch.device(device or "cpu")
     with torch.device("meta"):
         model = Qwen3NextForCausalLM(config, par)
+    if fp8 is not None:
+        quant.convert(model, fp8)
     materialize(model, dtype, device, FP32_PARAMS)
     if seed is not None:
         with torch.no_grad():

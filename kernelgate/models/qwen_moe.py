@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
-from .layers import MLP, Experts, _param
+from .layers import MLP, Experts, _param, run_experts
 from .parallel import SINGLE, fuse, stack
 
 
@@ -55,13 +55,13 @@ class SparseMoE(nn.Module):
             logits = F.linear(x.float(), self.router)                                # [T, E + 1] fp32
             weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax",
                                                    num_fused_shared_experts=1, shared_gate="sigmoid")
-            return self.par.all_reduce(ops.fused_experts(x, self.gate_up, self.down, weights, ids))  # slot k: E
+            return self.par.all_reduce(run_experts(x, weights, ids, self, "gate_up", "down", self.experts))  # slot k: E
         logits = F.linear(x.float(), self.gate.weight)                               # [T, E] fp32
         weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax")
         if self.par.expert_parallel:   # other ranks' experts become -1: skipped by fused_experts
             local = ids - self.experts.first_expert
             ids = torch.where((local >= 0) & (local < self.experts.down_proj.shape[0]), local, -1)
-        out = ops.fused_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        out = run_experts(x, weights, ids, self.experts, "gate_up_proj", "down_proj", self.experts)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return self.par.all_reduce(out)
