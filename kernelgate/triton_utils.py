@@ -1,7 +1,16 @@
 """Helpers for portable Triton kernels (CUDA, ROCm, XPU, and CPU under TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
-from .platform import interpreting
+from .platform import current, interpreting
+
+
+def compiled_needs_gpu(x, *args, **kwargs):
+    """A `supports` reason for a Triton implementation whose input `x` is not on the platform's
+    device: compiled Triton launches there; tensors elsewhere need TRITON_INTERPRET=1.
+    (compile_targets' stand-in GPU is a platform whose device is this machine's CPU.)"""
+    if x.device.type != current().device and not interpreting():
+        return f"x is a {x.device.type} tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
+    return None
 
 
 def autotune_or_fixed(configs, key, fixed):

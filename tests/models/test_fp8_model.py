@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import kernelgate
-from kernelgate import KernelgateError, platform, registry
+from helpers.fp8_xpu import check_simulated_xpu_fp8
+from kernelgate import KernelgateError, platform
 from kernelgate.models import build, quant, quant_load, tiny
 from kernelgate.models.loader import load_model, save_checkpoint
 from kernelgate.models.parallel import Parallel, shard_specs
@@ -224,19 +225,8 @@ def test_generate_on_the_fp8_model_gives_the_twins_tokens(ckpts):
 
 @pytest.mark.skipif(not platform.interpreting(), reason="runs under TRITON_INTERPRET=1 only")
 def test_simulated_xpu_runs_the_triton_fp8_kernels(ckpts):
-    """An XPU's dispatch (interpreted on CPU tensors): projections through fp8_linear's Triton w8a16
-    kernel, experts through fused_experts_fp8's Triton kernels, fp32 equal to the native ops."""
-    m = load_model(ckpts["block"], dtype=torch.float32)
-    ids = IDS[:1, :3]
-    with registry.forcing({"fp8_linear": "native", "fused_experts_fp8": "native"}):
-        want = m(ids)
-    others = {op: "native" for op in registry.ops() if op not in ("fp8_linear", "fused_experts_fp8")}
-    registry._plan.clear()
-    with platform.simulate("xpu"), registry.forcing(others):
-        got = m(ids)
-        plan = registry.plan()
-    assert plan["fp8_linear"] == ["triton"] and set(plan["fused_experts_fp8"]) <= {"triton", "triton_gemv"}
-    assert rel_err(got, want) < 1e-5
+    """fp8_linear's and fused_experts_fp8's Triton kernels on an XPU's dispatch (helpers/fp8_xpu.py)."""
+    check_simulated_xpu_fp8(load_model(ckpts["block"], dtype=torch.float32), IDS[:1, :3])
 
 
 def test_tensor_parallel_shards_hold_their_codes_and_scales(ckpts):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kernelgate
-from kernelgate import platform, registry
+from helpers.fp8_xpu import check_simulated_xpu_fp8
+from kernelgate import platform
 from kernelgate.models import quant
 from kernelgate.models.loader import load_model, save_checkpoint
 from kernelgate.models.qwen3_next import build
@@ -79,16 +80,5 @@ def test_fp8_checkpoint_round_trip_and_size(ckpt, tmp_path):
 
 @pytest.mark.skipif(not platform.interpreting(), reason="runs under TRITON_INTERPRET=1 only")
 def test_simulated_xpu_runs_the_triton_fp8_kernels(ckpt):
-    """An XPU's dispatch (interpreted on CPU tensors): FP8 projections through fp8_linear's Triton
-    kernel, experts through fused_experts_fp8's (the GEMV at one token), fp32 equal to the native ops."""
-    m = load_model(ckpt, dtype=torch.float32, quantization="fp8")
-    ids = IDS[:1, :3]
-    with registry.forcing({"fp8_linear": "native", "fused_experts_fp8": "native"}):
-        want = m(ids)
-    others = {op: "native" for op in registry.ops() if op not in ("fp8_linear", "fused_experts_fp8")}
-    registry._plan.clear()
-    with platform.simulate("xpu"), registry.forcing(others):
-        got = m(ids)
-        plan = registry.plan()
-    assert plan["fp8_linear"] == ["triton"] and set(plan["fused_experts_fp8"]) <= {"triton", "triton_gemv"}
-    assert rel_err(got, want) < 1e-5
+    """fp8_linear's and fused_experts_fp8's Triton kernels on an XPU's dispatch (helpers/fp8_xpu.py)."""
+    check_simulated_xpu_fp8(load_model(ckpt, dtype=torch.float32, quantization="fp8"), IDS[:1, :3])

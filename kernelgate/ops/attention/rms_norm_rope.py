@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ... import checks, platform
+from ... import checks
+from ...triton_utils import compiled_needs_gpu
 from ...registry import GPU_TRITON, Case, declare
 
 OP = "rms_norm_rope"
@@ -120,11 +121,7 @@ TRITON_MAX_HEAD_DIM = 1024   # the kernel holds a row whole in registers
 def _triton_supports(x, weight, cos, sin, eps):
     if x.shape[2] > TRITON_MAX_HEAD_DIM:
         return f"head dim {x.shape[2]} > {TRITON_MAX_HEAD_DIM} (a row is held whole in registers)"
-    # Compiled Triton launches on the platform's device; tensors elsewhere need TRITON_INTERPRET=1.
-    # (compile_targets' stand-in GPU is a platform whose device is this machine's CPU.)
-    if x.device.type != platform.current().device and not platform.interpreting():
-        return f"x is a {x.device.type} tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
-    return None
+    return compiled_needs_gpu(x)
 
 
 rms_norm_rope.implementation(

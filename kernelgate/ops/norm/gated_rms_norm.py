@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import checks, platform
+from ... import checks
+from ...triton_utils import compiled_needs_gpu
 from ...registry import GPU_TRITON, Case, declare
 
 ACTIVATIONS = ("sigmoid", "silu", "swish")
@@ -136,17 +137,9 @@ gated_rms_norm = declare(OP, gated_rms_norm_native, validate=validate, cases=cas
 
 
 # -- implementations ---------------------------------------------------------------------
-def _compiled_needs_gpu(x, *args, **kwargs):
-    # Compiled Triton launches on the platform's device; tensors elsewhere need TRITON_INTERPRET=1.
-    # (compile_targets' stand-in GPU is a platform whose device is this machine's CPU.)
-    if x.device.type != platform.current().device and not platform.interpreting():
-        return f"x is a {x.device.type} tensor and Triton is compiled for a GPU (set TRITON_INTERPRET=1 to interpret)"
-    return None
-
-
 gated_rms_norm.implementation(
     "triton", ".gated_rms_norm_triton:gated_rms_norm_triton", provider="triton",
-    platforms=GPU_TRITON, dtypes=checks.FLOATS, requires=("triton",), supports=_compiled_needs_gpu,
+    platforms=GPU_TRITON, dtypes=checks.FLOATS, requires=("triton",), supports=compiled_needs_gpu,
     priority=10, doc="portable Triton kernel, full contract (groups, both gate orders, prenorm)")
 
 
