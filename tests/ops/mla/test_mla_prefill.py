@@ -101,6 +101,35 @@ def test_cudnn_pieces_padded_to_planned_lengths(monkeypatch):
     assert S.planned(stand_in, 8, 6, False, 4) is None                               # keys not padded unmasked
 
 
+def test_first_chunks_take_planned_lengths_not_the_public_sdpa(monkeypatch):
+    """A prompt's first chunk (no cached prefix) of odd length -- the budget minus a step's decodes
+    and another prompt's tail -- goes through the same planned kernel choice as every piece: padded
+    to the planned multiple for the cuDNN stand-in, never the public SDPA (on NVIDIA that hands any
+    new length to cuDNN, which plans it inside the request)."""
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    calls = []
+
+    def stand_in(q, k, v, scale, causal):
+        assert q.shape[2] % 4 == 0 and k.shape[2] % 4 == 0, (q.shape, k.shape)
+        calls.append((q.shape[2], k.shape[2], causal))
+        return S._math_lse(q, k, v, scale, causal)
+
+    def public(*a, **k):
+        raise AssertionError("the public SDPA picks its backend per call")
+    monkeypatch.setattr(S, "CUDNN_MULTIPLE", 4)
+    monkeypatch.setattr(S.F, "scaled_dot_product_attention", public)
+    monkeypatch.setitem(S.LSE_KERNELS, "cudnn", stand_in)
+    monkeypatch.setitem(S.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
+    monkeypatch.setitem(S.VARLEN, "cpu", None)       # one sequence at a time: the first-chunk path
+    pb = Problem([7, 15], [7, 15], 2, 32, 16, 24, 16, 8, torch.float32, seed=6)   # whole prompts: no prefix
+    w_kv = pb.w_kv(torch.float32)
+    q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).float()
+    o = run("sdpa", q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
+    w = w_kv.double()
+    assert rel(o, pb.expanded(w[:, :24], w[:, 24:])) < 1e-5
+    assert sorted(calls) == [(8, 8, True), (16, 16, True)]                          # 7 -> 8, 15 -> 16
+
+
 @pytest.mark.parametrize("varlen", ["device", "math"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_sdpa_runs_of_short_sequences(monkeypatch, varlen, dtype):
