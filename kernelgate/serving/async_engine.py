@@ -150,7 +150,7 @@ class AsyncEngine:
                 raise RequestRejected(f"engine: request id {clash or ids[0]!r} is already running")
             for rid, t in new:
                 self._tracked[rid] = t
-                self.core.send(AddRequest(rid, t.prompt_ids, t.params))
+            self.core.send_many([AddRequest(rid, t.prompt_ids, t.params) for rid, t in new])   # one step admits all
         if log.isEnabledFor(logging.DEBUG):        # with core_loop's step lines: a timeline of arrivals
             for rid, t in new:
                 log.debug("kernelgate add: t=%.6f id=%s prompt=%d", t.arrival, rid, len(t.prompt_ids))

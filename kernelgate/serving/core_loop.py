@@ -104,8 +104,12 @@ class ThreadCore:
         self._thread.start()
 
     def send(self, cmd: tuple) -> None:
+        self.send_many([cmd])
+
+    def send_many(self, cmds: list) -> None:
+        """Commands the loop takes together (one request's choices join one step, never split)."""
         with self._cv:
-            self._cmds.append(cmd)
+            self._cmds.extend(cmds)
             self._cv.notify()
 
     def _take(self, block: bool) -> list:

@@ -79,10 +79,14 @@ class EngineProcess:
         self._reader.start()
 
     def send(self, cmd: tuple) -> None:
+        self.send_many([cmd])
+
+    def send_many(self, cmds: list) -> None:
+        """Commands in one message: the loop takes them together (one request's choices join one step)."""
         try:
             with self._send_lock:
                 if self.conn is not None:
-                    self.conn.send(pack(cmd))
+                    self.conn.send([pack(c) for c in cmds])
         except (OSError, ValueError):   # the child is gone: the reader reports it
             pass
 
@@ -155,7 +159,7 @@ def _child_main(conn, build, args) -> None:
             conn.poll(None)
         try:
             while conn.poll(0):
-                cmds.append(unpack(conn.recv()))
+                cmds.extend(unpack(c) for c in conn.recv())   # each message a list (send_many)
         except (EOFError, OSError):      # the server is gone: exit
             cmds.append(Exit())
         return cmds
