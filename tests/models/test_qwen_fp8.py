@@ -4,8 +4,12 @@ as published. FP8 here: the experts (routed and the stacked / separate shared on
 MLP, the GDN output projection and the attention projections where their fused parts are whole
 scale blocks; the GDN input projection stays in the model dtype (its b / a rows, one per value
 head, are not whole blocks of the one fused matrix), as do router, norms, decay, embeddings and
-the LM head. In fp32 the FP8 model equals its dequantized twin within round-off.
+the LM head. In fp32 the FP8 model equals its dequantized twin within round-off. A checkpoint in
+transformers' published block-FP8 layout loads as well (codes kept where the model holds FP8).
 """
+import json
+import re
+
 import pytest
 import torch
 
@@ -82,3 +86,50 @@ def test_fp8_checkpoint_round_trip_and_size(ckpt, tmp_path):
 def test_simulated_xpu_runs_the_triton_fp8_kernels(ckpt):
     """fp8_linear's and fused_experts_fp8's Triton kernels on an XPU's dispatch (helpers/fp8_xpu.py)."""
     check_simulated_xpu_fp8(load_model(ckpt, dtype=torch.float32, quantization="fp8"), IDS[:1, :3])
+
+
+BLOCK_QC = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+# what a published block-FP8 Qwen3-Next checkpoint quantizes: the projections (in_proj_qkvz / _ba fused
+# and interleaved per key head, the attention and MLP projections, every expert's), not the router,
+# the shared expert's gate, norms, decay, conv, embeddings or lm_head
+PUBLISHED_FP8 = re.compile(r"\.(in_proj_qkvz|in_proj_ba|out_proj|[qkvo]_proj|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def test_published_layout_fp8_checkpoint_equals_its_dequantized_twin(tmp_path):
+    """A Qwen3-Next checkpoint in transformers' layout with e4m3 weights + weight_scale_inv per
+    128 x 128 block (scales powers of two, so the twin's weights re-quantize exactly): FP8 where the
+    model can hold the codes (experts, attention projections), dequantized where it cannot (the fused
+    GDN input projection, de-interleaved from in_proj_qkvz rows that split scale blocks); fp32 logits
+    and greedy tokens equal to its dequantized twin's."""
+    from helpers.qwen_hf import tiny_qwen3_next
+    from safetensors.torch import load_file, save_file
+
+    from kernelgate.ops.quant import quantize_fp8_block
+    hf = tiny_qwen3_next(seed=4, hidden_size=128, head_dim=64, moe_intermediate_size=128,
+                         shared_expert_intermediate_size=128)
+    hf.save_pretrained(tmp_path / "src")
+    tensors = {n: t.float() for n, t in load_file(str(tmp_path / "src" / "model.safetensors")).items()}
+    ckpt, twin = {}, {}
+    for n, t in tensors.items():
+        if PUBLISHED_FP8.search(n):
+            codes, s = quantize_fp8_block(t, (128, 128))
+            s = torch.exp2(torch.round(torch.log2(s)))
+            ckpt[n], ckpt[n + "_scale_inv"] = codes, s
+            twin[n] = dequantize_fp8(codes, s, (128, 128))
+        else:
+            ckpt[n] = twin[n] = t
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    for name, tens, qc in (("fp8", ckpt, BLOCK_QC), ("twin", twin, None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**cfg, **({"quantization_config": qc} if qc else {})}))
+        save_file({k: v.contiguous() for k, v in tens.items()}, str(tmp_path / name / "model.safetensors"))
+    m8 = load_model(tmp_path / "fp8", dtype=torch.float32)
+    p = dict(m8.named_parameters())
+    assert p["model.layers.0.mlp.experts.gate_up_proj"].dtype == FP8
+    assert p["model.layers.3.self_attn.q_proj.weight"].dtype == FP8
+    assert p["model.layers.0.linear_attn.in_proj_qkv.weight"].dtype == torch.float32
+    twin_model = load_model(tmp_path / "twin", dtype=torch.float32)
+    assert rel_err(m8(IDS), twin_model(IDS)) < 1e-5
+    prompts = [[5, 6, 7], list(range(10, 50))]
+    assert [r.token_ids for r in kernelgate.generate(m8, prompts, max_new_tokens=6)] == \
+        [r.token_ids for r in kernelgate.generate(twin_model, prompts, max_new_tokens=6)]
