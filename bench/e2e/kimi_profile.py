@@ -5,6 +5,7 @@ kernelgate's kernel path and HF transformers on the same weights (bench/e2e/kimi
     PYTHONPATH=. python bench/e2e/kimi_profile.py [--layers 4] [--batches 1,64] [--prefill 8192]
     PYTHONPATH=. python bench/e2e/kimi_profile.py --qwen --mixed 64x128+0   # the Gated DeltaNet family
                                                       # (qwen_e2e.py's Qwen3.5-MoE widths, random weights, no HF)
+    PYTHONPATH=. python bench/e2e/kimi_profile.py --quantization fp8 --batches 1 --prefill 0   # FP8 weights
 """
 from __future__ import annotations
 
@@ -147,6 +148,9 @@ def main():
     ap.add_argument("--hf", action="store_true", help="also profile HF transformers")
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE at real width (random weights) instead of Kimi")
     ap.add_argument("--tiny", action="store_true", help="smoke run of this script on the CPU")
+    ap.add_argument("--quantization", choices=("bf16", "fp8"), default=None,
+                    help="Kimi at real width from seeded random weights (no HF model) in bf16 or 128x128 block FP8 "
+                         "(quantized as built), e.g. to see which FP8 kernels a decode step spends its time in")
     ap.add_argument("--top", type=int, default=18, help="kernels listed per profile")
     ap.add_argument("--tail", default="", metavar="CTX+TAIL+RUNNING",
                     help="also profile the step that ends a long prompt (its last TAIL tokens after about CTX) "
@@ -168,6 +172,12 @@ def main():
         hf, a.hf = None, False
         d = {**qwen_e2e.hf_config(a.layers, a.tiny).to_dict(), **({"vocab_size": 1024} if a.tiny else {})}
         ours = build(Qwen3NextConfig.from_dict(d), dev, dtype, seed=0)
+    elif a.quantization:
+        from fp8_decode import config_for
+        from kernelgate.models import build
+        hf, a.hf = None, False
+        ours = build(config_for(a.layers, a.tiny), dev, dtype, seed=0,
+                     quantization=None if a.quantization == "bf16" else a.quantization)
     else:
         hf = e2e.hf_model(a.layers, dev, dtype, a.tiny)
         ours = e2e.kernelgate_model(hf, dev, dtype)

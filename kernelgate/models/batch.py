@@ -12,7 +12,7 @@ fields are host copies, handed to ops as hints so that no op needs a device->hos
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,21 @@ class StepBatch:
     # [P]) padded with empty rows (length 0) to a captured decode graph's shape, so the kernels
     # that attend for them meet shapes compiled at capture (None: their rows of the batch's own)
     decode_view: tuple | None = None
+    _parts: dict = field(default_factory=dict, repr=False)
+
+    def prefill_part(self, d: int) -> tuple:
+        """(cu_seqlens, slots, cu_seqlens_cpu, slots_cpu) of sequences d.. as a batch of their own: a
+        mixed step's prefill part after its d leading decodes. Made once per step; the device tensors
+        are fresh ones (a view at an odd offset would give kernels a misaligned pointer: a compile
+        variant of its own)."""
+        if d == 0:
+            return self.cu_seqlens, self.slots, self.cu_seqlens_cpu, self.slots_cpu
+        if d not in self._parts:
+            cpu = self.cu_seqlens_cpu
+            self._parts[d] = (self.cu_seqlens[d:] - d, self.slots[d:].clone(),
+                              None if cpu is None else cpu[d:] - d,
+                              None if self.slots_cpu is None else self.slots_cpu[d:].clone())
+        return self._parts[d]
 
     @property
     def num_seqs(self) -> int:

@@ -60,22 +60,34 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
         """x [T, D] packed tokens of `batch`; states read from and written to `cache`'s slots
         (a prefill chunk starts from the state the previous chunk left there)."""
-        HK, HV, K, V = self.HK, self.HV, self.K, self.V
+        HV, V = self.HV, self.V
         T = x.shape[0]
         conv_state = cache.conv_state[self.layer_idx]                  # [S, C, W-1]
         state = cache.gdn_state[self.layer_idx]                        # [S, HV, K, V] fp32
         mixed, z, b, a = quant.linear(x, self, "in_proj").split([self.C, HV * V, HV, HV], dim=-1)
-        if batch.decode:
-            qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
-            o = ops.gdn_packed_decode(qkv, a, b, self.A_log, self.dt_bias, state, batch.slots, HK, HV, K)
+        d = T if batch.decode else batch.leading_decodes
+        if d == T:
+            o = self._decode(mixed, a, b, conv_state, state, batch.slots)
         else:
-            cu_cpu, slots_cpu = batch.cu_seqlens_cpu, batch.slots_cpu   # host copies (None: ops sync)
-            qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, batch.cu_seqlens,
-                                 batch.slots, "silu", cu_seqlens_cpu=cu_cpu)
-            q, k, v = qkv.split([HK * K, HK * K, HV * V], dim=-1)
-            g = ops.gdn_gate(a, self.A_log, self.dt_bias)              # [T, HV] fp32
-            o = ops.gdn_prefill(q.reshape(T, HK, K), k.reshape(T, HK, K), v.reshape(T, HV, V), g,
-                                torch.sigmoid(b.float()).to(x.dtype), state, batch.cu_seqlens, batch.slots,
-                                cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)  # [T, HV, V]
+            # a mixed step: its decoding sequences (first in the batch) take the one-token kernels;
+            # through the chunked prefill each would cost a whole chunk of its kernels' work
+            o = self._prefill(mixed[d:], a[d:], b[d:], conv_state, state, *batch.prefill_part(d))
+            if d:
+                o = torch.cat([self._decode(mixed[:d], a[:d], b[:d], conv_state, state, batch.slots[:d]), o])
         o = ops.gated_rms_norm(o, self.norm.weight, z.reshape(T, HV, V), self.eps, activation="silu")
         return self.par.all_reduce(self.out_proj(o.reshape(T, HV * V)))
+
+    def _decode(self, mixed, a, b, conv_state, state, slots):
+        """One new token per sequence: conv update + gate + delta rule in two launches -> [N, HV, V]."""
+        qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, slots, "silu")
+        return ops.gdn_packed_decode(qkv, a, b, self.A_log, self.dt_bias, state, slots, self.HK, self.HV, self.K)
+
+    def _prefill(self, mixed, a, b, conv_state, state, cu, slots, cu_cpu, slots_cpu):
+        """Varlen chunks (cu / slots: this part's own) -> [T, HV, V]."""
+        T, HK, HV, K, V = mixed.shape[0], self.HK, self.HV, self.K, self.V
+        qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, cu, slots, "silu", cu_seqlens_cpu=cu_cpu)
+        q, k, v = qkv.split([HK * K, HK * K, HV * V], dim=-1)
+        g = ops.gdn_gate(a, self.A_log, self.dt_bias)                # [T, HV] fp32
+        return ops.gdn_prefill(q.reshape(T, HK, K), k.reshape(T, HK, K), v.reshape(T, HV, V), g,
+                               torch.sigmoid(b.float()).to(mixed.dtype), state, cu, slots,
+                               cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)   # [T, HV, V]

@@ -69,17 +69,28 @@ class KimiDeltaAttention(nn.Module):
         else:
             fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
             f, gate = fg[0], fg[1].view(T, H, K)                    # raw decay input, output gate
-        if batch.decode:
-            qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, batch.slots, "silu")
-            o = ops.kda_packed_decode(qkv, f, b, self.A_log, self.dt_bias, state, batch.slots, H, K)
+        d = T if batch.decode else batch.leading_decodes
+        if d == T:
+            o = self._decode(mixed, f, b, conv_state, state, batch.slots)
         else:
-            cu_cpu, slots_cpu = batch.cu_seqlens_cpu, batch.slots_cpu   # host copies (None: ops sync)
-            qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, batch.cu_seqlens,
-                                 batch.slots, "silu", cu_seqlens_cpu=cu_cpu)
-            q, k, v = (t.reshape(T, H, K) for t in qkv.split(H * K, dim=-1))
-            g = ops.kda_gate(f, self.A_log, self.dt_bias)           # [T, H, K] fp32
-            o = ops.kda_prefill(q, k, v, g, torch.sigmoid(b.float()).to(x.dtype), state,
-                                batch.cu_seqlens, batch.slots,
-                                cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)   # [T, H, V]
+            # a mixed step: its decoding sequences (first in the batch) take the one-token kernels;
+            # through the chunked prefill each would cost a whole chunk of its kernels' work
+            o = self._prefill(mixed[d:], f[d:], b[d:], conv_state, state, *batch.prefill_part(d))
+            if d:
+                o = torch.cat([self._decode(mixed[:d], f[:d], b[:d], conv_state, state, batch.slots[:d]), o])
         o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
         return self.par.all_reduce(self.o_proj(o.reshape(T, H * K)))
+
+    def _decode(self, mixed, f, b, conv_state, state, slots):
+        """One new token per sequence: conv update + gate + delta rule in two launches -> [N, H, V]."""
+        qkv = ops.short_conv_update(mixed, self.conv1d.weight, None, conv_state, slots, "silu")
+        return ops.kda_packed_decode(qkv, f, b, self.A_log, self.dt_bias, state, slots, self.H, self.K)
+
+    def _prefill(self, mixed, f, b, conv_state, state, cu, slots, cu_cpu, slots_cpu):
+        """Varlen chunks (cu / slots: this part's own) -> [T, H, V]."""
+        T, H, K = mixed.shape[0], self.H, self.K
+        qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, cu, slots, "silu", cu_seqlens_cpu=cu_cpu)
+        q, k, v = (t.reshape(T, H, K) for t in qkv.split(H * K, dim=-1))
+        g = ops.kda_gate(f, self.A_log, self.dt_bias)               # [T, H, K] fp32
+        return ops.kda_prefill(q, k, v, g, torch.sigmoid(b.float()).to(mixed.dtype), state, cu, slots,
+                               cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)

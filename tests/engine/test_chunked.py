@@ -139,3 +139,40 @@ def test_mixed_steps_decode_through_the_absorbed_kernel(model, monkeypatch):
     assert tok == ref_tok and "mixed" in kinds
     pairs = [(a, b) for a, b in zip(calls, calls[1:]) if a[0] == "decode" and b[0] == "prefill"]
     assert pairs and all(a[1] + b[1] <= 16 for a, b in pairs)       # one mixed step's rows, split
+
+
+@pytest.mark.parametrize("family", ["kimi", "qwen"])
+def test_mixed_steps_linear_attention_decodes_take_the_one_token_kernels(model, monkeypatch, family):
+    """In a mixed step the KDA (Kimi) / Gated DeltaNet (Qwen) layers run their leading decodes
+    through the packed one-token kernel and only the prompt chunks through the chunked prefill
+    (each decode would otherwise take a chunk of the prefill's work): every such step's rows split
+    so, and tokens and logits are the unchunked run's."""
+    from kernelgate import ops
+    if family == "qwen":
+        from kernelgate.models import qwen3_next
+        from kernelgate.models.qwen3_next_config import tiny as qwen_tiny
+        model = qwen3_next.build(qwen_tiny(vocab_size=128), seed=21)
+        names = ("gdn_packed_decode", "gdn_prefill")
+    else:
+        names = ("kda_packed_decode", "kda_prefill")
+    calls = []
+    reals = [getattr(ops, n) for n in names]
+
+    def spy(kind, real):
+        def f(*a, **k):
+            calls.append((kind, a[0].shape[0]))
+            return real(*a, **k)
+        return f
+    for kind, n, real in zip(("decode", "prefill"), names, reals):
+        monkeypatch.setattr(ops, n, spy(kind, real))
+    prompts = _prompts()
+    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=16)
+    for n, real in zip(names, reals):
+        monkeypatch.setattr(ops, n, real)
+    ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=4096)
+    assert tok == ref_tok and "mixed" in kinds
+    for a, b in zip(logits, ref_logits):
+        for x, y in zip(a, b):
+            assert rel_err(x, y) < 1e-5
+    pairs = [(a, b) for a, b in zip(calls, calls[1:]) if a[0] == "decode" and b[0] == "prefill"]
+    assert pairs and all(a[1] + b[1] <= 16 for a, b in pairs)       # one mixed step's rows, split
