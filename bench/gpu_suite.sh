@@ -45,7 +45,7 @@ for step in "$@"; do
       spec=${step#bench:}; op=${spec%%:*}; extra=(); [[ $spec == *:nocompile ]] && extra=(--no-compile)
       timeout "$STEP_T" python3 -m kernelgate bench "$op" "${extra[@]}" --out "$RES" 2>&1 | grep -v "^wrote" ;;
     py:*)
-      cmd=${step#py:}; name=$(basename "${cmd%% *}" .py)
+      cmd=${step#py:}; name=$(basename "${cmd%% *}" .py); [ -e "$RES/$name.txt" ] && name=$name-$(date +%H%M%S)
       timeout "$STEP_T" python3 $cmd 2>&1 | tee "$RES/$name.txt" | tail -n 40 ;;
     sh:*)
       timeout "$STEP_T" bash -c "${step#sh:}" 2>&1 | tail -n 40 ;;

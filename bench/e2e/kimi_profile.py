@@ -111,7 +111,8 @@ def mixed(model, spec, top):
     new, rest = spec.split("x")
     length, running = (int(x) for x in rest.split("+"))
     new = int(new)
-    sched = e2e._engine(model, running + 3 * new, length + 200)
+    # (the budget a wave's step needs: the engine warms its eager steps up to the budget)
+    sched = e2e._engine(model, running + 3 * new, length + 200, budget=new * length + running)
     g = torch.Generator().manual_seed(2)
 
     def add(n, tag):

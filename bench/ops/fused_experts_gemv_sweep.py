@@ -7,7 +7,8 @@ call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at 
 each launch choice is checked against the native reference, then timed in a CUDA graph; the
 floor is each distinct expert's weights read once at the measured copy bandwidth. --qwen: the
 Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8). --fp8: the FP8 GEMV
-(fused_experts_fp8_gemv_triton.py, 128 x 128 block scales; its tile is 2 x BLOCK_K codes).
+(fused_experts_fp8_gemv_triton.py, 128 x 128 block scales; BLOCK_K codes per K step on the matrix
+units, and its pipeline stages: --only takes 'BLOCK_I,BLOCK_O,BLOCK_K,warps,stages;...').
 """
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def main() -> int:
         return 1
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
-    print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
-    dispatched = gv.launch_config
+    print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps{' | stages' if a.fp8 else ''} | µs | of floor |")
     mod, ref_fn = (gv8, fe8.fused_experts_fp8_native) if a.fp8 else (gv, fe.fused_experts_native)
     run = gv8.fused_experts_fp8_gemv if a.fp8 else gv.fused_experts_gemv
+    dispatched = mod.launch_config
     try:
         tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else ((1, 4, 8) if a.shared else (1, 4, 16))
         for T in tokens:
@@ -65,22 +66,24 @@ def main() -> int:
             ref = ref_fn(*args, **kw)
             default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
             grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
-                itertools.product((4, 8, 16, 32), (8, 16, 32), (64, 128, 256, 512), (2, 4, 8))
-            for bi, bo, bk, w in grid:
-                if not a.only and (bk == 64 or a.fp8 and (bi > 16 or w == 2)):   # (the bf16 sweep's losers)
-                    continue
+                itertools.product((16, 32, 64), (16, 32, 64), (64, 128), (4,), (2, 3, 4)) if a.fp8 else \
+                itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8))
+            for bi, bo, bk, w, *stages in grid:
                 if bi * bk > 16384 or bo * bk > 16384:
                     continue
                 trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
+                if a.fp8:
+                    trial["num_stages"] = stages[0] if stages else 3
+                st = f" | {trial['num_stages']}" if a.fp8 else ""
                 mod.launch_config = lambda plat, tokens=2, trial=trial: trial  # noqa: E731
                 out = run(*args, **kw)
                 err = rel_err(out, ref)
                 if err > 2e-2:
-                    print(f"| {T} | {bi} | {bo} | {bk} | {w} | wrong: {err:.1e} | |")
+                    print(f"| {T} | {bi} | {bo} | {bk} | {w}{st} | wrong: {err:.1e} | |")
                     continue
                 us = benchmark.graph_us(lambda: run(*args, **kw), dev)
                 star = " *" if trial == default else ""
-                print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
+                print(f"| {T} | {bi} | {bo} | {bk} | {w}{star}{st} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
     finally:
         mod.launch_config = dispatched
     return 0

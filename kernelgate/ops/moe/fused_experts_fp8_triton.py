@@ -7,7 +7,8 @@ TRITON_INTERPRET=1): fused_experts_triton.py's pipeline with the weight tiles re
     sum_slots        out[t] = sum_j y[t*k + j] over valid ids                           (shared)
 
 Weight tiles [BLOCK_K, BLOCK_N] are decoded in registers (quant/fp8_triton.py: fp8 conversion where
-the device has it, integer ops elsewhere) and multiplied in x's dtype into fp32 partials. A K tile lies
+the device has it, integer ops elsewhere) and multiplied as fp16 into fp32 partials, 16-bit x tiles
+scaled to fp16 exactly (fp8_linear_triton.w8a16_part; fp32 x: fp32 operands). A K tile lies
 inside one scale block, so each partial is scaled per column before it is added:
 acc += (a @ w) * scale[e, n // bn, k0 // bk]; with one K block (per-channel scales, or K <= bk) the
 scale multiplies once at the end. Gate and up rows take their own scale rows (with 2I not a multiple
@@ -21,24 +22,21 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
-from ..quant.fp8_linear_triton import k_tile
-from ..quant.fp8_triton import MODES, SCALE, dot, fp8_operand, mode_for
+from ..quant.fp8_linear_triton import k_tile, operand_flags, w8a16_part
+from ..quant.fp8_triton import MODES, SCALE, mode_for
 from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
 from .fused_experts_triton import _TUNE_MIN_WEIGHTS, _tuned, launch_config, route, sum_slots
 
 
 @triton.jit
 def _scaled_dot(a, w, acc, s_rows, k0, bk, ssk, n_ok, MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr,
-                F32: tl.constexpr):
+                X16: tl.constexpr, SCALED: tl.constexpr, F32: tl.constexpr):
     """acc + a @ dequant(w bytes), the tile's per-column scales at s_rows + (k0 // bk) * ssk."""
-    b = fp8_operand(w, MODE)
-    if not F32:
-        b = b.to(a.dtype)
     if ONE_KBLOCK:
-        acc = dot(a, b, acc, F32)
+        acc = w8a16_part(a, w, acc, None, MODE, X16, SCALED, F32, False)
     else:
         s = tl.load(s_rows + (k0 // bk) * ssk, mask=n_ok, other=0.0)
-        acc += dot(a, b, tl.zeros_like(acc), F32) * s[None, :]
+        acc = w8a16_part(a, w, acc, s, MODE, X16, SCALED, F32, True)
     return acc
 
 
@@ -52,7 +50,8 @@ def _finish(acc, s_rows, n_ok, out_mul, ONE_KBLOCK: tl.constexpr):
 @triton.jit(do_not_specialize=["P"])
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
                     sxt, sxd, swe, swn, swk, sse, ssn, ssk, bn, bk, limit, out_mul, TOPK,
-                    HAS_LIMIT: tl.constexpr, MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, F32: tl.constexpr,
+                    HAS_LIMIT: tl.constexpr, MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, X16: tl.constexpr,
+                    SCALED: tl.constexpr, F32: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # N = I (h columns), K = D. Weight rows [0, N) are gate, [N, 2N) are up.
     pid_m = tl.program_id(0)
@@ -79,8 +78,8 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, P,
         wmask = k_ok[:, None] & n_ok[None, :]
         wg = tl.load(w_e + offs_n[None, :] * swn + offs_k[:, None] * swk, mask=wmask, other=0)
         wu = tl.load(w_e + (offs_n + N)[None, :] * swn + offs_k[:, None] * swk, mask=wmask, other=0)
-        acc_g = _scaled_dot(a, wg, acc_g, sg_rows, k0, bk, ssk, n_ok, MODE, ONE_KBLOCK, F32)
-        acc_u = _scaled_dot(a, wu, acc_u, su_rows, k0, bk, ssk, n_ok, MODE, ONE_KBLOCK, F32)
+        acc_g = _scaled_dot(a, wg, acc_g, sg_rows, k0, bk, ssk, n_ok, MODE, ONE_KBLOCK, X16, SCALED, F32)
+        acc_u = _scaled_dot(a, wu, acc_u, su_rows, k0, bk, ssk, n_ok, MODE, ONE_KBLOCK, X16, SCALED, F32)
     acc_g = _finish(acc_g, sg_rows, n_ok, out_mul, ONE_KBLOCK)
     acc_u = _finish(acc_u, su_rows, n_ok, out_mul, ONE_KBLOCK)
     if HAS_LIMIT:
@@ -94,8 +93,8 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, P,
 @triton.jit(do_not_specialize=["P"])
 def _down_kernel(h_ptr, w_ptr, s_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
                  swe, swn, swk, sse, ssn, ssk, bn, bk, out_mul,
-                 MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, F32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, X16: tl.constexpr, SCALED: tl.constexpr,
+                 F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # N = D (output columns), K = I.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -117,7 +116,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_exper
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)                 # [BM, BK]
         w = tl.load(w_e + offs_n[None, :] * swn + offs_k[:, None] * swk,
                     mask=k_ok[:, None] & n_ok[None, :], other=0)                     # [BK, BN]
-        acc = _scaled_dot(a, w, acc, s_rows, k0, bk, ssk, n_ok, MODE, ONE_KBLOCK, F32)
+        acc = _scaled_dot(a, w, acc, s_rows, k0, bk, ssk, n_ok, MODE, ONE_KBLOCK, X16, SCALED, F32)
     acc = _finish(acc, s_rows, n_ok, out_mul, ONE_KBLOCK)
     wt = tl.load(topk_w_ptr + pair, mask=row_ok, other=0.0)
     acc = acc * wt[:, None]
@@ -139,6 +138,7 @@ def fused_experts_fp8_triton(x, w_gate_up, w_down, topk_weights, topk_ids, w_gat
     h = alloc.empty((P, I), x.dtype, x.device)
     y = alloc.empty((P, D), torch.float32, x.device)
     f32 = x.dtype == torch.float32 or interpreting()
+    flags = operand_flags(x.dtype, f32)
     (gbn, gbk), (dbn, dbk) = block_dims(block_size, D), block_dims(block_size, I)
     kmax = min(k_tile(gbk, D, 128), k_tile(dbk, I, 128))   # one K tile size fits both GEMMs' blocks
     tune = not interpreting() and D * I >= _TUNE_MIN_WEIGHTS
@@ -153,9 +153,9 @@ def fused_experts_fp8_triton(x, w_gate_up, w_down, topk_weights, topk_ids, w_gat
         x, wgu, sgu, h, r.sorted_pairs, r.block_expert, P, I, D, r.bucket,
         x.stride(0), x.stride(1), *wgu.stride(), *sgu.stride(), gbn, gbk,
         float(swiglu_limit) if swiglu_limit is not None else 0.0, SCALE[mode], topk_ids.shape[1],
-        HAS_LIMIT=swiglu_limit is not None, MODE=mode, ONE_KBLOCK=triton.cdiv(D, gbk) == 1, F32=f32,
+        HAS_LIMIT=swiglu_limit is not None, MODE=mode, ONE_KBLOCK=triton.cdiv(D, gbk) == 1, **flags,
         BLOCK_M=r.block_m, **meta)
     down[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
         h, wdn, sdn, y, wts, r.sorted_pairs, r.block_expert, P, D, I, r.bucket, *wdn.stride(), *sdn.stride(),
-        dbn, dbk, SCALE[mode], MODE=mode, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, F32=f32, BLOCK_M=r.block_m, **meta)
+        dbn, dbk, SCALE[mode], MODE=mode, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, **flags, BLOCK_M=r.block_m, **meta)
     return sum_slots(y, r.ids, out, E)

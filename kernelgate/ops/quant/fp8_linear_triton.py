@@ -1,10 +1,11 @@
 """Portable Triton FP8 linear (CUDA, ROCm, XPU; CPU under TRITON_INTERPRET=1): the e4m3fn weight is
 read as bytes and its scales are applied in the kernel -- no dequantized copy is ever made.
 
-w8a16 (implementation `triton`): _w8a16_kernel. x tiles in x's dtype; weight tiles [BLOCK_K, BLOCK_N]
-    decoded in registers (fp8_triton: fp8 conversion where the device has it, integer ops elsewhere);
-    tl.dot into fp32. A K tile lies inside one scale block (BLOCK_K divides bk), so
-        acc += (x_tile @ w_tile) * scale[n // bn, k0 // bk]          (one scale per column)
+w8a16 (implementation `triton`): _w8a16_kernel. Weight tiles [BLOCK_K, BLOCK_N] decoded in registers
+    (fp8_triton: fp8 conversion where the device has it, integer ops elsewhere) to fp16, x tiles to
+    fp16 scaled by a power of two per row (fp8_triton.fp16_rows: exact), tl.dot into fp32 (fp32 x: fp32
+    operands). A K tile lies inside one scale block (BLOCK_K divides bk), so
+        acc += (x_tile @ w_tile) * x_factor[m] * scale[n // bn, k0 // bk]       (w8a16_part)
     and with a single K block (per-channel scales, or K <= bk) the scale multiplies once at the end.
     Decode batches (T <= DECODE_TOKENS) take one 16-row tile, narrow N tiles and a K range split over
     SPLIT programs (fp32 partials summed in a fixed order by _sum_splits_kernel), so a batch-1 call
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
-from .fp8_triton import MODES, SCALE, dot, fp8_operand, mma_mode_for, mode_for
+from .fp8_triton import MODES, SCALE, dot, fp16_operand, fp16_rows, fp8_operand, mma_mode_for, mode_for
 from ..common.fp8_triton import encode_e4m3
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
@@ -87,11 +88,31 @@ def _tuned(kernel, kmax: int, fp8: bool):
 
 
 # M (tokens) is not specialised on: every token count shares one compiled program
+@triton.jit
+def w8a16_part(a, wb, acc, s, MODE: tl.constexpr, X16: tl.constexpr, SCALED: tl.constexpr, F32: tl.constexpr,
+               PER_TILE: tl.constexpr):
+    """acc + a [M, K] @ dequant(wb [K, N] codes) for one K tile, times the tile's per-column scales s
+    if PER_TILE. X16 (16-bit a): fp16 x fp16 dot (fp8_triton.fp16_rows: a scaled per row, exact);
+    else (fp32 a) the codes as fp32."""
+    if X16:
+        a16, a_mul = fp16_rows(a, SCALED)
+        part = dot(a16, fp16_operand(wb, MODE), tl.zeros_like(acc), F32) * a_mul[:, None]
+        if PER_TILE:
+            part = part * s[None, :]
+        acc += part
+    elif PER_TILE:
+        acc += dot(a, fp8_operand(wb, MODE), tl.zeros_like(acc), F32) * s[None, :]
+    else:
+        acc = dot(a, fp8_operand(wb, MODE), acc, F32)
+    return acc
+
+
+# M (tokens) is not specialised on: every token count shares one compiled program
 @triton.jit(do_not_specialize=["M", "M_BUCKET"])
 def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, k_split, bn, bk,
                   sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn, out_mul,
-                  MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, F32: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, X16: tl.constexpr, SCALED: tl.constexpr,
+                  F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -110,14 +131,11 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, k_split, bn, bk
         k_ok = offs_k < k_hi
         a = tl.load(x_rows + offs_k[None, :] * sxk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
         wb = tl.load(w_cols + offs_k[:, None] * swk, mask=k_ok[:, None] & n_ok[None, :], other=0)   # [BK, BN]
-        w = fp8_operand(wb, MODE)
-        if not F32:
-            w = w.to(a.dtype)
-        if ONE_KBLOCK:
-            acc = dot(a, w, acc, F32)
+        if ONE_KBLOCK:   # (the scale multiplies once at the end)
+            acc = w8a16_part(a, wb, acc, None, MODE, X16, SCALED, F32, False)
         else:
             s = tl.load(s_cols + (k0 // bk) * ssk, mask=n_ok, other=0.0)
-            acc += dot(a, w, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32) * s[None, :]
+            acc = w8a16_part(a, wb, acc, s, MODE, X16, SCALED, F32, True)
     if ONE_KBLOCK:
         acc = acc * tl.load(s_cols, mask=n_ok, other=0.0)[None, :]
     acc = acc * out_mul
@@ -197,6 +215,11 @@ def _w8a8_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, bn, bk,
              acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+def operand_flags(dtype, f32: bool) -> dict:
+    """The w8a16 kernels' operand flags for activations of `dtype` (w8a16_part)."""
+    return dict(X16=dtype != torch.float32, SCALED=dtype == torch.bfloat16, F32=f32)
+
+
 def _split(N: int, K: int, cfg: dict) -> tuple[int, int]:
     """(SPLIT, k_split): the K range of a decode launch cut so that about cfg['programs'] programs run
     (or into cfg['split'] parts), each part a whole number of K tiles."""
@@ -222,7 +245,7 @@ def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
     one_kb = triton.cdiv(K, bk) == 1
     w, s = weight.view(torch.uint8), weight_scale
     common = (T, N, K, triton.next_power_of_2(T))
-    flags = dict(MODE=mode, ONE_KBLOCK=one_kb, F32=f32)
+    flags = dict(MODE=mode, ONE_KBLOCK=one_kb, **operand_flags(x.dtype, f32))
     cfg["BLOCK_K"] = k_tile(bk, K, cfg["BLOCK_K"])
     if form == "gemm":
         kmax = k_tile(bk, K, 128)

@@ -14,6 +14,15 @@ exact ways (the operand MODE, chosen per device by the launchers):
 
 The operand's value is the code's value divided by SCALE[MODE] (a power of two): kernels multiply
 their fp32 accumulators by it (once per operand).
+
+fp16 dots for 16-bit activations (fp16_operand, fp16_rows): every mode's codes are exact fp16 values
+(INT builds them, the fp8 modes convert two codes per instruction), and a bf16 activation tile
+scaled by a power of two per row so that its largest value lies in [2^14, 2^15) is exact in fp16 too
+(bf16's 8 significant bits fit fp16's 11; only parts below 2^-24 of the row's largest value can
+round, far below the fp32 accumulation's own error). So a 16-bit x takes fp16 x fp16 dots with fp32
+accumulation, the scale undone on the partial: the products are the exact ones, and the weight
+costs one conversion per two codes -- where a bf16 or fp32 operand costs one to two per code, and
+conversions (16 per clock per SM on sm_90) would bind a memory-bound decode GEMV before its bytes.
 """
 from __future__ import annotations
 
@@ -54,6 +63,31 @@ def fp8_operand(byte, MODE: tl.constexpr):
     else:
         x = tl.where(byte == 0x80, 0, byte).to(tl.uint8).to(tl.float8e4b8, bitcast=True)
     return x
+
+
+@triton.jit
+def fp16_operand(byte, MODE: tl.constexpr):
+    """uint8 e4m3fn codes -> fp16 operand of mode MODE (exact; value = code value / SCALE[MODE])."""
+    x = fp8_operand(byte, MODE)
+    if MODE != 0:
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
+def fp16_rows(a, SCALED: tl.constexpr):
+    """16-bit activations a [R, C] -> (fp16 tile, fp32 [R] factors): a[r] == tile[r] * factor[r] exactly
+    (to below 2^-24 of the row's largest |a|). SCALED: scale each row by a power of two that puts its
+    largest |a| in [2^14, 2^15) (bf16 input); else a is fp16 already and factors are 1."""
+    if SCALED:
+        af = a.to(tl.float32)
+        eb = (tl.max(tl.abs(af), axis=1).to(tl.int32, bitcast=True) >> 23) & 0xFF    # biased exponent
+        eb = tl.minimum(tl.maximum(eb, 15), 253)      # (both factors normal; a row of zeros is any)
+        up = ((268 - eb) << 23).to(tl.float32, bitcast=True)                          # 2^(141 - eb)
+        down = ((eb - 14) << 23).to(tl.float32, bitcast=True)                         # 2^(eb - 141)
+        return (af * up[:, None]).to(tl.float16), down
+    else:
+        return a.to(tl.float16), tl.full([a.shape[0]], 1.0, tl.float32)
 
 
 @triton.jit
