@@ -1,12 +1,13 @@
-"""Launch sweep of fp8_linear's decode form (kernelgate/ops/quant/fp8_linear_triton.py, split-K w8a16)
-at Kimi Linear's decode shapes, beside the bf16 linear (cuBLAS) of the same weight.
+"""Launch sweep of fp8_linear's decode form (kernelgate/ops/quant/fp8_linear_triton.py: the GEMV of
+fp8_gemv_triton.py for T <= 8) at Kimi Linear's decode shapes, beside the split-K tl.dot launch it
+replaced and the bf16 linear (cuBLAS) of the same weight.
 
-    PYTHONPATH=. python bench/ops/fp8_linear_sweep.py [--tokens 1] [--only 'BLOCK_N,BLOCK_K,warps,stages,programs;...']
+    PYTHONPATH=. python bench/ops/fp8_linear_sweep.py [--tokens 1,8] [--only 'ROWS,WIDTH,warps;...']
 
 Shapes: the fused KDA in_proj (q|k|v|f_a|g_a|b: 12,576 x 2,304), the KDA o_proj (2,304 x 4,096), the
-MLA q_proj (6,144 x 2,304), 128 x 128 block scales. Each launch is checked against the native reference,
-then timed in a CUDA graph; the floor is the weight's bytes (codes + scales) at the measured copy
-bandwidth. '*' marks the launch dispatch makes.
+MLA q_proj (6,144 x 2,304), 128 x 128 block scales. Each launch is checked against the native reference
+(and the GEMV in fp32 for exactness), then timed in a CUDA graph; the floor is the weight's bytes
+(codes + scales) at the measured copy bandwidth. '*' marks the launch dispatch makes.
 """
 from __future__ import annotations
 
@@ -22,45 +23,50 @@ from kernelgate.tools import benchmark
 from kernelgate.tools.testing import rel_err
 
 SHAPES = {"KDA in_proj": (12576, 2304), "KDA o_proj": (2304, 4096), "MLA q_proj": (6144, 2304)}
+SPLIT_K = dict(form="decode", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, programs=528)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="1")
-    ap.add_argument("--only", default="", help="just these launches: 'BLOCK_N,BLOCK_K,warps,stages,programs;...'")
+    ap.add_argument("--tokens", default="1,8")
+    ap.add_argument("--only", default="", help="just these GEMV launches: 'ROWS,WIDTH,warps;...'")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 1
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
-    default = flt.launch_config(platform.current(), "decode")
-    print(f"copy bandwidth {bw:.0f} GB/s; dispatched decode launch {default}\n")
-    print("| shape | T | BLOCK_N | BLOCK_K | warps | stages | programs | split | µs | of floor | bf16 cuBLAS µs (of its floor) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    default = flt.launch_config(platform.current(), "gemv")
+    print(f"copy bandwidth {bw:.0f} GB/s; dispatched GEMV launch {default}\n")
+    print("| shape | T | launch | µs | of floor | fp32 max rel err | bf16 cuBLAS µs (of its floor) |")
+    print("|---|---:|---|---:|---:|---:|---|")
     grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
-        list(itertools.product((16, 32, 64, 128), (64, 128), (4,), (3, 4), (264, 528, 1056)))
+        list(itertools.product((1, 2, 4, 8, 16), (128, 256, 512), (2, 4, 8)))
     for name, (N, K) in SHAPES.items():
         for T in (int(t) for t in a.tokens.split(",")):
             gen = torch.Generator(device=dev).manual_seed(0)
             (x, w, s), kw = fl.make_inputs(T, N, K, (128, 128), torch.bfloat16, dev, gen)
             ref = fl.fp8_linear_native(x, w, s, **kw)
+            ref32 = fl.fp8_linear_native(x.float(), w, s, **kw)
             floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
             wb = fl.dequantize_fp8(w, s, (128, 128)).to(torch.bfloat16)
             cub = benchmark.graph_us(lambda: torch.nn.functional.linear(x, wb), dev)
             cub_txt = f"{cub:.1f} ({2 * floor_us / cub:.2f})"
-            for bn, bk, warps, stages, programs in grid:
-                cfg = dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, programs=programs)
+            trials = [("split-K tl.dot (before)", SPLIT_K)] + [
+                (f"GEMV rows {r}, width {wd}, warps {wp}", dict(form="gemv", ROWS=r, WIDTH=wd, num_warps=wp))
+                for r, wd, wp in grid if r * wd <= 8192]
+            for label, cfg in trials:
                 out = flt.fp8_linear_triton(x, w, s, **cfg)
                 err = rel_err(out, ref)
-                split = flt._split(N, K, {**cfg, "BLOCK_K": flt.k_tile(128, K, bk)})[0]
+                err32 = rel_err(flt.fp8_linear_triton(x.float(), w, s, **cfg), ref32)
                 if err > 2e-2:
-                    print(f"| {name} | {T} | {bn} | {bk} | {warps} | {stages} | {programs} | {split} | wrong: {err:.1e} | | |")
+                    print(f"| {name} | {T} | {label} | wrong: {err:.1e} | | | |")
                     continue
                 us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s, **cfg), dev)
-                star = " *" if all(default.get(k) == v for k, v in cfg.items()) else ""
-                print(f"| {name} | {T} | {bn} | {bk} | {warps} | {stages} | {programs}{star} | {split} | {us:.1f} | "
-                      f"{floor_us / us:.2f} | {cub_txt} |", flush=True)
+                star = " *" if all(default.get(k) == v for k, v in cfg.items() if k != "form") and cfg["form"] == "gemv" \
+                    else ""
+                print(f"| {name} | {T} | {label}{star} | {us:.1f} | {floor_us / us:.2f} | {err32:.1e} | {cub_txt} |",
+                      flush=True)
                 cub_txt = ""
     return 0
 

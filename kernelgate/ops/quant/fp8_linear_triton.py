@@ -31,22 +31,25 @@ from ... import alloc, platform
 from ...platform import interpreting
 from .fp8_triton import MODES, SCALE, dot, fp16_operand, fp16_rows, fp8_operand, mma_mode_for, mode_for
 from ..common.fp8_triton import encode_e4m3
+from .fp8_gemv_triton import fp8_gemv
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
-DECODE_TOKENS = 8       # up to this many tokens: the split-K decode launch of the w8a16 kernel
+DECODE_TOKENS = 8       # up to this many tokens: the GEMV (fp8_gemv_triton), each token its own programs
 
 # Launch choices per platform name (platform.current(), so a simulated platform takes its own).
 _GEMM = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
 _DECODE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4, programs=512)
 _W8A8 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+_GEMV = dict(ROWS=4, WIDTH=256, num_warps=4)     # weight rows per program, codes per K step
 LAUNCH = {
     # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 x stages of 64 x 64 plus the weight bytes do not fit
-    "rocm": dict(gemm=dict(_GEMM, num_stages=2), decode=dict(_DECODE, num_stages=2), w8a8=dict(_W8A8, num_stages=2)),
+    "rocm": dict(gemm=dict(_GEMM, num_stages=2), decode=dict(_DECODE, num_stages=2), w8a8=dict(_W8A8, num_stages=2),
+                 gemv=_GEMV),
 }
-_DEFAULT = dict(gemm=_GEMM, decode=_DECODE, w8a8=_W8A8)
+_DEFAULT = dict(gemm=_GEMM, decode=_DECODE, w8a8=_W8A8, gemv=_GEMV)
 # The interpreter pays per program and per op: few, wide programs; a small split still exercised.
 _INTERP = dict(gemm=dict(_GEMM, BLOCK_K=64), decode=dict(_DECODE, BLOCK_N=64, BLOCK_K=64, programs=8),
-               w8a8=dict(_W8A8, BLOCK_K=64))
+               w8a8=dict(_W8A8, BLOCK_K=64), gemv=dict(ROWS=16, WIDTH=128, num_warps=4))
 _TUNE_MIN_WEIGHTS = 1 << 20   # N * K from which a prefill GEMM is autotuned (on a GPU)
 _FLOOR = tl.constexpr(AMAX_FLOOR)
 _FMAX = tl.constexpr(FP8_MAX)
@@ -57,6 +60,8 @@ def launch_config(plat, form: str = "gemm") -> dict:
     that the device's capability allows (fp8_triton.mode_for / mma_mode_for)."""
     table = _INTERP if plat.triton_mode != "compiled" else LAUNCH.get(plat.name, _DEFAULT)
     cfg = dict(table[form])
+    if form == "gemv":          # (integer decode: no operand mode)
+        return cfg
     cfg["mode"] = (mma_mode_for(plat.capability) or "int") if form == "w8a8" else mode_for(plat.capability)
     return cfg
 
@@ -230,7 +235,7 @@ def _split(N: int, K: int, cfg: dict) -> tuple[int, int]:
 
 
 def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
-    """w8a16; `config` overrides launch_config entries (tests and bench sweeps: mode, split, tile sizes)."""
+    """w8a16; `config` overrides launch_config entries (tests and bench sweeps: form, mode, split, tile sizes)."""
     T, K = x.shape
     N = weight.shape[0]
     y = alloc.empty((T, N), x.dtype, x.device)
@@ -238,8 +243,11 @@ def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
         return y
     plat = platform.current()
     bn, bk = block_dims(block_size, K)
-    form = "decode" if T <= DECODE_TOKENS else "gemm"
+    form = "gemv" if T <= DECODE_TOKENS else "gemm"
+    form = config.pop("form", form)
     cfg = {**launch_config(plat, form), **config}
+    if form == "gemv":
+        return fp8_gemv(x, weight, weight_scale, block_size, y, cfg)
     mode = MODES[cfg.pop("mode")]
     f32 = x.dtype == torch.float32 or interpreting()
     one_kb = triton.cdiv(K, bk) == 1

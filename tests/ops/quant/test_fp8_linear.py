@@ -96,7 +96,7 @@ def test_simulated_gpus_give_the_same_bits(device, mode):
 
 @interpreted
 def test_decode_rows_do_not_depend_on_the_batch():
-    """The split-K decode launch depends on (N, K) only: a token's row is the same bits at T = 1..8."""
+    """The decode GEMV gives each token its own programs: a token's row is the same bits at T = 1..8."""
     wq, s = _weights(150, 200, (128, 128))
     x = torch.randn(8, 200, generator=_gen(3))
     fn = OP.impls["triton"].callable()

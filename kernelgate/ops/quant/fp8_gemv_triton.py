@@ -1,0 +1,105 @@
+"""Decode GEMV pieces on FP8 e4m3fn weight rows (one token's activations times a tile of rows), shared
+by fp8_linear's small-batch form (here) and the experts GEMV (moe/fused_experts_fp8_gemv_triton.py).
+
+A program owns a tile of weight rows and walks K in steps of NB sub-tiles of BK codes, each sub-tile
+inside one scale block (BK divides bk): acc [rows, NB, BK] += code * x * scale with plain FMAs,
+summed over K at the end (row_sums). The codes become fp32 with integer ops (fp8_f32): a sign-extended
+code shifted left by 20 and masked is the fp32 whose value is the code's times 2^-120 (subnormal
+codes land on fp32 subnormals), and one multiply by 2^120 makes it exact. That is three integer ops
+and a multiply per code on any device -- where fp8 conversion instructions (e4m3x2 -> f16x2, then
+f16 -> f32: one and a half conversions per code, 16 per clock per SM on sm_90) bind a GEMV before
+its bytes do. NaN codes are not supported (they decode as +-480).
+
+Where a tile's rows share their scale blocks (bn a multiple of the tile's rows, UNIFORM) the scales
+multiply the activations once per sub-tile, not once per code.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fp8_weights import block_dims
+
+_UNBIAS = tl.constexpr(2.0 ** 120)
+
+
+def tile(bk: int, K: int, width: int) -> dict:
+    """NB sub-tiles of BK codes (BK inside one scale block of bk) making a K step of about `width` codes."""
+    from .fp8_linear_triton import k_tile
+    bk_sub = k_tile(bk, K, width)
+    return dict(NB=max(1, min(width // bk_sub, triton.next_power_of_2(triton.cdiv(K, bk_sub)))), BK=bk_sub)
+
+
+@triton.jit
+def fp8_f32(byte):
+    """uint8 e4m3fn codes -> their exact fp32 values (integer ops and one multiply)."""
+    s = byte.to(tl.int8, bitcast=True).to(tl.int32)                # sign-extended: bits 31..7 the sign
+    return ((s << 20) & -2014314496).to(tl.float32, bitcast=True) * _UNBIAS   # mask 0x87F00000
+
+
+@triton.jit
+def row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swd, ssk, r_ok, ONE_KBLOCK: tl.constexpr,
+             UNIFORM: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr):
+    """acc [rows, NB, BK] += codes(w_rows + kk) * x (* the scales of each sub-tile's K block);
+    kk [NB, BK] the step's K offsets, xv [NB, BK] fp32 activations there. s_rows [rows]: each row's
+    scale row; s_row0: the first row's (UNIFORM: all rows')."""
+    m = r_ok[:, None, None] & (kk < K)[None, :, :]
+    w = fp8_f32(tl.load(w_rows[:, None, None] + kk[None, :, :] * swd, mask=m, other=0))
+    if ONE_KBLOCK:
+        acc += w * xv[None, :, :]
+    else:
+        k_sub = k0 + tl.arange(0, NB) * BK                                 # [NB] sub-tile starts
+        if UNIFORM:
+            s = tl.load(s_row0 + (k_sub // bk) * ssk, mask=k_sub < K, other=0.0)             # [NB]
+            acc += w * (xv * s[:, None])[None, :, :]
+        else:
+            s = tl.load(s_rows[:, None] + (k_sub // bk)[None, :] * ssk, mask=r_ok[:, None] & (k_sub < K)[None, :],
+                        other=0.0)                                         # [rows, NB]
+            acc += w * (xv[None, :, :] * s[:, :, None])
+    return acc
+
+
+@triton.jit
+def row_sums(acc, s_rows, r_ok, out_mul, ONE_KBLOCK: tl.constexpr):
+    """[rows]: acc summed over K, times the rows' scales with one K block, times out_mul."""
+    r = tl.sum(tl.sum(acc, axis=2), axis=1)
+    if ONE_KBLOCK:
+        r = r * tl.load(s_rows, mask=r_ok, other=0.0)
+    return r * out_mul
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk, sym, syn, bn, bk,
+                 ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr,
+                 BK: tl.constexpr):
+    t = tl.program_id(0)
+    n0 = tl.program_id(1) * ROWS
+    n = n0 + tl.arange(0, ROWS)
+    n_ok = n < N
+    w_rows = w_ptr + n.to(tl.int64) * swn
+    s_rows = s_ptr + (n // bn).to(tl.int64) * ssn
+    s_row0 = s_ptr + (n0 // bn).to(tl.int64) * ssn
+    x_row = x_ptr + t.to(tl.int64) * sxm
+    sub = tl.arange(0, NB)[:, None] * BK + tl.arange(0, BK)[None, :]      # [NB, BK] offsets in a step
+    acc = tl.zeros([ROWS, NB, BK], dtype=tl.float32)
+    for k0 in range(0, K, NB * BK):
+        kk = k0 + sub
+        xv = tl.load(x_row + kk * sxk, mask=kk < K, other=0.0).to(tl.float32)
+        acc = row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swk, ssk, n_ok, ONE_KBLOCK, UNIFORM, NB, BK)
+    y = row_sums(acc, s_rows, n_ok, 1.0, ONE_KBLOCK)
+    tl.store(y_ptr + t.to(tl.int64) * sym + n * syn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def fp8_gemv(x, weight, weight_scale, block_size, y, cfg: dict):
+    """y [T, N] = x [T, K] @ dequant(weight).T, one program per token and ROWS weight rows."""
+    T, K = x.shape
+    N = weight.shape[0]
+    bn, bk = block_dims(block_size, K)
+    rows = cfg["ROWS"]
+    w = weight.view(torch.uint8)
+    _gemv_kernel[(T, triton.cdiv(N, rows))](
+        x, w, weight_scale, y, N, K, *x.stride(), *w.stride(), *weight_scale.stride(), *y.stride(), bn, bk,
+        ONE_KBLOCK=triton.cdiv(K, bk) == 1, UNIFORM=bn % rows == 0, ROWS=rows, **tile(bk, K, cfg["WIDTH"]),
+        num_warps=cfg["num_warps"])
+    return y
