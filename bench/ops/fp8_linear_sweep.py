@@ -1,6 +1,6 @@
 """Launch sweep of fp8_linear's decode form (kernelgate/ops/quant/fp8_linear_triton.py: the GEMV of
-fp8_gemv_triton.py for T <= 8) at Kimi Linear's decode shapes, beside the split-K tl.dot launch it
-replaced and the bf16 linear (cuBLAS) of the same weight.
+fp8_gemv_triton.py for T <= 8) at Kimi Linear's decode shapes, beside the bf16 linear (cuBLAS) of the
+same weight (Session 19 also timed the split-K tl.dot launch the GEMV replaced: bench/RESULTS.md).
 
     PYTHONPATH=. python bench/ops/fp8_linear_sweep.py [--tokens 1,8] [--only 'ROWS,WIDTH,warps;...']
 
@@ -23,7 +23,6 @@ from kernelgate.tools import benchmark
 from kernelgate.tools.testing import rel_err
 
 SHAPES = {"KDA in_proj": (12576, 2304), "KDA o_proj": (2304, 4096), "MLA q_proj": (6144, 2304)}
-SPLIT_K = dict(form="decode", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, programs=528)
 
 
 def main() -> int:
@@ -36,8 +35,8 @@ def main() -> int:
         return 1
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
-    default = flt.launch_config(platform.current(), "gemv")
-    print(f"copy bandwidth {bw:.0f} GB/s; dispatched GEMV launch {default}\n")
+    table = flt.launch_config(platform.current(), "gemv")
+    print(f"copy bandwidth {bw:.0f} GB/s; dispatched GEMV launches {table}\n")
     print("| shape | T | launch | µs | of floor | fp32 max rel err | bf16 cuBLAS µs (of its floor) |")
     print("|---|---:|---|---:|---:|---:|---|")
     grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
@@ -49,10 +48,11 @@ def main() -> int:
             ref = fl.fp8_linear_native(x, w, s, **kw)
             ref32 = fl.fp8_linear_native(x.float(), w, s, **kw)
             floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
+            default = table["long"] if K >= table["long"]["K"] else table["short"]
             wb = fl.dequantize_fp8(w, s, (128, 128)).to(torch.bfloat16)
             cub = benchmark.graph_us(lambda: torch.nn.functional.linear(x, wb), dev)
             cub_txt = f"{cub:.1f} ({2 * floor_us / cub:.2f})"
-            trials = [("split-K tl.dot (before)", SPLIT_K)] + [
+            trials = [
                 (f"GEMV rows {r}, width {wd}, warps {wp}", dict(form="gemv", ROWS=r, WIDTH=wd, num_warps=wp))
                 for r, wd, wp in grid if r * wd <= 8192]
             for label, cfg in trials:
@@ -63,8 +63,7 @@ def main() -> int:
                     print(f"| {name} | {T} | {label} | wrong: {err:.1e} | | | |")
                     continue
                 us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s, **cfg), dev)
-                star = " *" if all(default.get(k) == v for k, v in cfg.items() if k != "form") and cfg["form"] == "gemv" \
-                    else ""
+                star = " *" if all(default.get(k) == v for k, v in cfg.items() if k != "form") else ""
                 print(f"| {name} | {T} | {label}{star} | {us:.1f} | {floor_us / us:.2f} | {err32:.1e} | {cub_txt} |",
                       flush=True)
                 cub_txt = ""

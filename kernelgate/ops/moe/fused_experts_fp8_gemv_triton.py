@@ -6,7 +6,8 @@ GEMV kernels with the weight rows read as bytes -- half the bf16 bytes, which is
     sum_slots        (fused_experts_triton)  out[t] = sum_j y[t*k + j]                        [T, D] x dtype
 
 Each program walks K in steps of NB sub-tiles of BK codes, each inside one scale block, the codes
-decoded to fp32 with integer ops and multiplied with plain FMAs (quant/fp8_gemv_triton.py: row_step,
+decoded to fp32 (conversion instructions where the device has them, integer ops elsewhere) and
+multiplied with plain FMAs (quant/fp8_gemv_triton.py: row_step,
 which fp8_linear's GEMV shares): scale[e, row // bn, k // bk] per row and sub-tile, or once per
 sub-tile where the program's rows share a scale block. With one K block (per-channel scales, or
 K <= bk) the accumulator is scaled once per row at the end instead. Ids outside [0, E) read nothing
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
-from ..quant.fp8_gemv_triton import row_step, row_sums, tile
+from ..quant.fp8_gemv_triton import hw_decode, row_step, row_sums, tile
 from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
 from .fused_experts_gemv_triton import launch_config
 from .fused_experts_triton import sum_slots
@@ -34,7 +35,7 @@ FP8_ONE_TOKEN = {"cuda": dict(BLOCK_I=4, BLOCK_O=16, BLOCK_K=128, num_warps=4)}
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, swr, swd,
                     sse, ssr, ssk, sit, sij, bn, bk, limit, out_mul,
-                    HAS_LIMIT: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr,
+                    HAS_LIMIT: tl.constexpr, HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr,
                     BLOCK_I: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
@@ -57,9 +58,9 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd
         for k0 in range(0, D, NB * BK):
             kk = k0 + sub
             xv = tl.load(x_ptr + t.to(tl.int64) * sxt + kk * sxd, mask=kk < D, other=0.0).to(tl.float32)
-            acc_g = row_step(acc_g, w_g, sg_rows, sg_row0, xv, kk, k0, D, bk, swd, ssk, i_ok, ONE_KBLOCK, UNIFORM,
+            acc_g = row_step(acc_g, w_g, sg_rows, sg_row0, xv, kk, k0, D, bk, swd, ssk, i_ok, HW, ONE_KBLOCK, UNIFORM,
                              NB, BK)
-            acc_u = row_step(acc_u, w_u, su_rows, su_row0, xv, kk, k0, D, bk, swd, ssk, i_ok, ONE_KBLOCK, UNIFORM,
+            acc_u = row_step(acc_u, w_u, su_rows, su_row0, xv, kk, k0, D, bk, swd, ssk, i_ok, HW, ONE_KBLOCK, UNIFORM,
                              NB, BK)
     g = row_sums(acc_g, sg_rows, i_ok, out_mul, ONE_KBLOCK)
     u = row_sums(acc_u, su_rows, i_ok, out_mul, ONE_KBLOCK)
@@ -73,7 +74,7 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe, swr, swi, sse, ssr, ssk,
                  sit, sij, stt, stj, bn, bk, out_mul,
-                 ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, BLOCK_O: tl.constexpr, NB: tl.constexpr,
+                 HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, BLOCK_O: tl.constexpr, NB: tl.constexpr,
                  BK: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
@@ -91,7 +92,8 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe
         for k0 in range(0, I, NB * BK):
             kk = k0 + sub
             hv = tl.load(h_ptr + p.to(tl.int64) * I + kk, mask=kk < I, other=0.0)
-            acc = row_step(acc, w_rows, s_rows, s_row0, hv, kk, k0, I, bk, swi, ssk, o_ok, ONE_KBLOCK, UNIFORM, NB, BK)
+            acc = row_step(acc, w_rows, s_rows, s_row0, hv, kk, k0, I, bk, swi, ssk, o_ok, HW, ONE_KBLOCK,
+                           UNIFORM, NB, BK)
     wt = tl.load(tw_ptr + t.to(tl.int64) * stt + j * stj)
     y = row_sums(acc, s_rows, o_ok, out_mul, ONE_KBLOCK) * wt
     tl.store(y_ptr + p.to(tl.int64) * D + o, y, mask=o_ok)
@@ -110,6 +112,7 @@ def fused_experts_fp8_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_
         else launch_config(plat, T)
     width = 2 * cfg["BLOCK_K"]          # codes per row and K step: twice the bf16 GEMV's elements, its bytes
     (gbn, gbk), (dbn, dbk) = block_dims(block_size, D), block_dims(block_size, I)
+    hw = hw_decode(plat.capability)
     bi, bo = cfg["BLOCK_I"], cfg["BLOCK_O"]
     P = T * k
     h = alloc.empty((P, I), torch.float32, x.device)
@@ -120,10 +123,10 @@ def fused_experts_fp8_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_
     _gate_up_kernel[(P, triton.cdiv(I, bi))](
         x, wgu, sgu, topk_ids, h, D, I, E, k, *x.stride(), *wgu.stride(), *sgu.stride(), *topk_ids.stride(),
         gbn, gbk, float(swiglu_limit) if swiglu_limit is not None else 0.0, 1.0,
-        HAS_LIMIT=swiglu_limit is not None, ONE_KBLOCK=triton.cdiv(D, gbk) == 1,
+        HAS_LIMIT=swiglu_limit is not None, HW=hw, ONE_KBLOCK=triton.cdiv(D, gbk) == 1,
         UNIFORM=gbn % bi == 0 and I % bi == 0, BLOCK_I=bi, **tile(gbk, D, width), **warps)
     _down_kernel[(P, triton.cdiv(D, bo))](
         h, wdn, sdn, topk_ids, topk_weights, y, D, I, E, k, *wdn.stride(), *sdn.stride(), *topk_ids.stride(),
-        *topk_weights.stride(), dbn, dbk, 1.0, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, UNIFORM=dbn % bo == 0,
+        *topk_weights.stride(), dbn, dbk, 1.0, HW=hw, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, UNIFORM=dbn % bo == 0,
         BLOCK_O=bo, **tile(dbk, I, width), **warps)
     return sum_slots(y, topk_ids.contiguous(), out, E)    # the sum kernel reads ids densely

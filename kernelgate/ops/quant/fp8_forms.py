@@ -3,7 +3,8 @@
     w8a8   x quantized to e4m3fn per (token, K block), fp8 x fp8 dots on the matrix units
            (platform.fp8_mma: sm_89+, gfx942, gfx950)
     w8a16  the weight's e4m3fn codes decoded in the kernel (fp8 conversion instructions where the
-           device has them, platform.fp8_hardware; exact integer ops elsewhere), dots in x's dtype
+           device has them, platform.fp8_hardware; exact integer ops elsewhere), fp16 dots (16-bit x
+           scaled by a power of two per row: exact), fp32 FMAs in the decode GEMVs
 
 The GPU's capability decides; a platform simulated by name has none, so its line gives the rule.
 """
@@ -25,7 +26,7 @@ def _w8a16(plat) -> str:
         how = f"by fp8 conversion on {CONVERT_GPUS[plat.name]}, with exact integer ops elsewhere"
     else:
         how = "with exact integer ops"
-    return f"w8a16 (weight codes decoded {how}, dots in x's dtype)"
+    return f"w8a16 (weight codes decoded {how}; fp16 dots, 16-bit x scaled exactly; fp32 FMAs in the decode GEMV)"
 
 
 def _where(plat) -> str:

@@ -3,12 +3,12 @@ by fp8_linear's small-batch form (here) and the experts GEMV (moe/fused_experts_
 
 A program owns a tile of weight rows and walks K in steps of NB sub-tiles of BK codes, each sub-tile
 inside one scale block (BK divides bk): acc [rows, NB, BK] += code * x * scale with plain FMAs,
-summed over K at the end (row_sums). The codes become fp32 with integer ops (fp8_f32): a sign-extended
-code shifted left by 20 and masked is the fp32 whose value is the code's times 2^-120 (subnormal
-codes land on fp32 subnormals), and one multiply by 2^120 makes it exact. That is three integer ops
-and a multiply per code on any device -- where fp8 conversion instructions (e4m3x2 -> f16x2, then
-f16 -> f32: one and a half conversions per code, 16 per clock per SM on sm_90) bind a GEMV before
-its bytes do. NaN codes are not supported (they decode as +-480).
+summed over K at the end (row_sums). The codes become exact fp32 values (fp8_f32) by the device's
+fp8 conversion where it has one (HW: sm_89+; e4m3x2 -> f16x2 -> f32), else with integer ops: a
+sign-extended code shifted left by 20 and masked is the fp32 whose value is the code's times 2^-120
+(subnormal codes land on fp32 subnormals), times 2^120. NaN codes are not supported. On the H200 the
+conversion form measured 37.0 µs for Kimi's experts at one token, the integer form 40.5
+(bench/ops/fused_experts_gemv_sweep.py --fp8, bench/RESULTS.md Session 19).
 
 Where a tile's rows share their scale blocks (bn a multiple of the tile's rows, UNIFORM) the scales
 multiply the activations once per sub-tile, not once per code.
@@ -32,20 +32,31 @@ def tile(bk: int, K: int, width: int) -> dict:
 
 
 @triton.jit
-def fp8_f32(byte):
-    """uint8 e4m3fn codes -> their exact fp32 values (integer ops and one multiply)."""
-    s = byte.to(tl.int8, bitcast=True).to(tl.int32)                # sign-extended: bits 31..7 the sign
-    return ((s << 20) & -2014314496).to(tl.float32, bitcast=True) * _UNBIAS   # mask 0x87F00000
+def fp8_f32(byte, HW: tl.constexpr):
+    """uint8 e4m3fn codes -> their exact fp32 values: HW, the device's fp8 conversion; else integer ops
+    and one multiply."""
+    if HW:
+        x = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        s = byte.to(tl.int8, bitcast=True).to(tl.int32)            # sign-extended: bits 31..7 the sign
+        x = ((s << 20) & -2014314496).to(tl.float32, bitcast=True) * _UNBIAS   # mask 0x87F00000
+    return x
+
+
+def hw_decode(capability) -> bool:
+    """Whether a device of this capability decodes e4m3fn by conversion instructions (fp8_f32's HW)."""
+    from .fp8_triton import mode_for
+    return mode_for(capability) == "fn"
 
 
 @triton.jit
-def row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swd, ssk, r_ok, ONE_KBLOCK: tl.constexpr,
-             UNIFORM: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr):
+def row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swd, ssk, r_ok, HW: tl.constexpr,
+             ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr):
     """acc [rows, NB, BK] += codes(w_rows + kk) * x (* the scales of each sub-tile's K block);
     kk [NB, BK] the step's K offsets, xv [NB, BK] fp32 activations there. s_rows [rows]: each row's
     scale row; s_row0: the first row's (UNIFORM: all rows')."""
     m = r_ok[:, None, None] & (kk < K)[None, :, :]
-    w = fp8_f32(tl.load(w_rows[:, None, None] + kk[None, :, :] * swd, mask=m, other=0))
+    w = fp8_f32(tl.load(w_rows[:, None, None] + kk[None, :, :] * swd, mask=m, other=0), HW)
     if ONE_KBLOCK:
         acc += w * xv[None, :, :]
     else:
@@ -71,8 +82,8 @@ def row_sums(acc, s_rows, r_ok, out_mul, ONE_KBLOCK: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk, sym, syn, bn, bk,
-                 ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr, NB: tl.constexpr,
-                 BK: tl.constexpr):
+                 HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
+                 NB: tl.constexpr, BK: tl.constexpr):
     t = tl.program_id(0)
     n0 = tl.program_id(1) * ROWS
     n = n0 + tl.arange(0, ROWS)
@@ -86,20 +97,24 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk,
     for k0 in range(0, K, NB * BK):
         kk = k0 + sub
         xv = tl.load(x_row + kk * sxk, mask=kk < K, other=0.0).to(tl.float32)
-        acc = row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swk, ssk, n_ok, ONE_KBLOCK, UNIFORM, NB, BK)
+        acc = row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swk, ssk, n_ok, HW, ONE_KBLOCK, UNIFORM,
+                       NB, BK)
     y = row_sums(acc, s_rows, n_ok, 1.0, ONE_KBLOCK)
     tl.store(y_ptr + t.to(tl.int64) * sym + n * syn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-def fp8_gemv(x, weight, weight_scale, block_size, y, cfg: dict):
-    """y [T, N] = x [T, K] @ dequant(weight).T, one program per token and ROWS weight rows."""
+def fp8_gemv(x, weight, weight_scale, block_size, y, cfg: dict, hw: bool):
+    """y [T, N] = x [T, K] @ dequant(weight).T, one program per token and ROWS weight rows
+    (cfg: ROWS, WIDTH, num_warps; or `long` / `short`, two such sets for K >= long["K"] and below)."""
     T, K = x.shape
     N = weight.shape[0]
     bn, bk = block_dims(block_size, K)
+    if "long" in cfg:
+        cfg = cfg["long"] if K >= cfg["long"]["K"] else cfg["short"]
     rows = cfg["ROWS"]
     w = weight.view(torch.uint8)
     _gemv_kernel[(T, triton.cdiv(N, rows))](
         x, w, weight_scale, y, N, K, *x.stride(), *w.stride(), *weight_scale.stride(), *y.stride(), bn, bk,
-        ONE_KBLOCK=triton.cdiv(K, bk) == 1, UNIFORM=bn % rows == 0, ROWS=rows, **tile(bk, K, cfg["WIDTH"]),
+        HW=hw, ONE_KBLOCK=triton.cdiv(K, bk) == 1, UNIFORM=bn % rows == 0, ROWS=rows, **tile(bk, K, cfg["WIDTH"]),
         num_warps=cfg["num_warps"])
     return y

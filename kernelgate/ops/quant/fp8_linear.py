@@ -7,8 +7,8 @@
 
 Definition (native): y = x.float() @ dequantize_fp8(weight, weight_scale, block_size).T in fp32,
 rounded to x's dtype. Implementations read the codes and apply the scales in the kernel:
-- `triton` (w8a16): weights decoded in registers, tl.dot in x's dtype with fp32 accumulation; a
-  split-K launch for decode batches (T <= 8). In fp32 it is the definition to fp32 round-off.
+- `triton` (w8a16): weights decoded in registers, fp16 tl.dot (16-bit x scaled exactly) with fp32
+  accumulation; a GEMV for decode batches (T <= 8). In fp32 it is the definition to fp32 round-off.
 - `triton_w8a8`: activations quantized per (token, scale block of K) to e4m3fn as well
   (quantize_fp8_groups; per token for per-channel weights), tl.dot on fp8 codes where the device
   has fp8 matrix instructions (sm_89+, gfx942, gfx950). It adds activation rounding (about 2-3 %
@@ -98,7 +98,8 @@ def _case(T, N, K, block=DEFAULT_BLOCK):
 
 def cases():
     return [
-        _case(1, 150, 200),                 # decode: split K; partial edge blocks in N and K
+        _case(1, 150, 200),                 # decode: the GEMV; partial edge blocks in N and K
+        _case(3, 72, 96, (8, 64)),          # the GEMV with rows of several scale blocks in one program
         _case(65, 150, 200),                # GEMM
         _case(7, 96, 160, None),            # per-channel (one scale per row)
         _case(33, 72, 96, (32, 64)),        # small blocks: scales vary inside an N tile
@@ -128,7 +129,7 @@ fp8_linear = declare(OP, fp8_linear_native, validate=validate, check_values=chec
 fp8_linear.implementation(
     "triton", ".fp8_linear_triton:fp8_linear_triton", provider="triton", platforms=GPU_TRITON,
     dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",), supports=_triton_supports,
-    priority=10, doc="portable Triton w8a16: fp8 weights decoded in registers, scales per K tile, split-K for decode")
+    priority=10, doc="portable Triton w8a16: fp8 weights decoded in registers, scales per K tile, a GEMV for decode")
 
 fp8_linear.implementation(
     "triton_w8a8", ".fp8_linear_triton:fp8_linear_w8a8", provider="triton", platforms=GPU_TRITON,
