@@ -1,6 +1,6 @@
-"""Launch sweep of fp8_linear's decode form (kernelgate/ops/quant/fp8_linear_triton.py: the GEMV of
-fp8_gemv_triton.py for T <= 8) at Kimi Linear's decode shapes, beside the bf16 linear (cuBLAS) of the
-same weight (Session 19 also timed the split-K tl.dot launch the GEMV replaced: bench/RESULTS.md).
+"""Launch sweep of fp8_linear's decode forms (kernelgate/ops/quant/fp8_linear_triton.py: the GEMV of
+fp8_gemv_triton.py at one token, the split-K tl.dot launch up to 8) at Kimi Linear's decode shapes,
+beside the bf16 linear (cuBLAS) of the same weight.
 
     PYTHONPATH=. python bench/ops/fp8_linear_sweep.py [--tokens 1,8] [--only 'ROWS,WIDTH,warps;...']
 
@@ -52,7 +52,7 @@ def main() -> int:
             wb = fl.dequantize_fp8(w, s, (128, 128)).to(torch.bfloat16)
             cub = benchmark.graph_us(lambda: torch.nn.functional.linear(x, wb), dev)
             cub_txt = f"{cub:.1f} ({2 * floor_us / cub:.2f})"
-            trials = [
+            trials = [("split-K tl.dot (dispatched at 2..8 tokens)", dict(form="decode"))] + [
                 (f"GEMV rows {r}, width {wd}, warps {wp}", dict(form="gemv", ROWS=r, WIDTH=wd, num_warps=wp))
                 for r, wd, wp in grid if r * wd <= 8192]
             for label, cfg in trials:
@@ -63,7 +63,7 @@ def main() -> int:
                     print(f"| {name} | {T} | {label} | wrong: {err:.1e} | | | |")
                     continue
                 us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s, **cfg), dev)
-                star = " *" if all(default.get(k) == v for k, v in cfg.items() if k != "form") else ""
+                star = " *" if T == 1 and all(default.get(k) == v for k, v in cfg.items() if k != "form") else ""
                 print(f"| {name} | {T} | {label}{star} | {us:.1f} | {floor_us / us:.2f} | {err32:.1e} | {cub_txt} |",
                       flush=True)
                 cub_txt = ""

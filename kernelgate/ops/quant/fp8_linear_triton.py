@@ -7,10 +7,13 @@ w8a16 (implementation `triton`): _w8a16_kernel. Weight tiles [BLOCK_K, BLOCK_N] 
     operands). A K tile lies inside one scale block (BLOCK_K divides bk), so
         acc += (x_tile @ w_tile) * x_factor[m] * scale[n // bn, k0 // bk]       (w8a16_part)
     and with a single K block (per-channel scales, or K <= bk) the scale multiplies once at the end.
-    Decode batches (T <= DECODE_TOKENS) take the GEMV of fp8_gemv_triton.py instead: each token its own
-    programs of a few weight rows, codes decoded to fp32 and multiplied with FMAs -- a 16-row tl.dot
-    tile wastes 15 rows of work for one token and split K costs a second launch. Every token of a
-    decode batch gets the same bits whatever the batch size.
+    One token (T <= GEMV_TOKENS) takes the GEMV of fp8_gemv_triton.py: programs of a few weight rows,
+    codes decoded to fp32 and multiplied with FMAs -- a 16-row tl.dot tile wastes 15 rows of work
+    for one token. Other decode batches (T <= DECODE_TOKENS) take one 16-row tile, narrow N tiles and
+    a K range split over SPLIT programs (fp32 partials summed in a fixed order by _sum_splits_kernel),
+    so the call spreads its weight bytes over the whole device; the GEMV would read the weights once
+    per token (H200, T = 8: 54 µs for the KDA in_proj where this launch takes ~13). SPLIT follows from
+    (N, K) only: a token gets the same bits at any T in 2..DECODE_TOKENS.
 w8a8 (implementation `triton_w8a8`): _act_quant_kernel turns x into e4m3fn codes with one scale per
     (token, scale block of K) -- per token for per-channel weights -- as quantize_fp8_groups does;
     _w8a8_kernel multiplies codes by codes (fp8 MMA on sm_89+ / gfx942 / gfx950; elsewhere the exact
@@ -34,11 +37,14 @@ from ..common.fp8_triton import encode_e4m3
 from .fp8_gemv_triton import fp8_gemv
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
-DECODE_TOKENS = 8       # up to this many tokens: the GEMV (fp8_gemv_triton), each token its own programs
+GEMV_TOKENS = 1         # up to this many tokens: the GEMV (fp8_gemv_triton)
+DECODE_TOKENS = 8       # up to this many tokens: the split-K decode launch of the w8a16 kernel
 
 # Launch choices per platform name (platform.current(), so a simulated platform takes its own).
 _GEMM = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
 _W8A8 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+# (bench/ops/fp8_linear_sweep.py's split-K sweep, Session 19, T = 1: the best of 48 launches at Kimi's shapes)
+_DECODE = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, programs=528)
 # the GEMV: weight rows per program, codes per K step; long rows (K >= 4096) take fewer, wider programs
 # (bench/ops/fp8_linear_sweep.py, H200, Kimi's projections at T = 1: in_proj 12,576 x 2,304 11.8 µs,
 # MLA q_proj 6,144 x 2,304 8.8, KDA o_proj 2,304 x 4,096 7.5; the split-K tl.dot launch before them
@@ -46,18 +52,20 @@ _W8A8 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 _GEMV = dict(long=dict(K=4096, ROWS=8, WIDTH=512, num_warps=4), short=dict(ROWS=16, WIDTH=256, num_warps=2))
 LAUNCH = {
     # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 x stages of 64 x 64 plus the weight bytes do not fit
-    "rocm": dict(gemm=dict(_GEMM, num_stages=2), w8a8=dict(_W8A8, num_stages=2), gemv=_GEMV),
+    "rocm": dict(gemm=dict(_GEMM, num_stages=2), decode=dict(_DECODE, num_stages=2), w8a8=dict(_W8A8, num_stages=2),
+                 gemv=_GEMV),
 }
-_DEFAULT = dict(gemm=_GEMM, w8a8=_W8A8, gemv=_GEMV)
-# The interpreter pays per program and per op: few, wide programs.
-_INTERP = dict(gemm=dict(_GEMM, BLOCK_K=64), w8a8=dict(_W8A8, BLOCK_K=64), gemv=dict(ROWS=16, WIDTH=128, num_warps=4))
+_DEFAULT = dict(gemm=_GEMM, decode=_DECODE, w8a8=_W8A8, gemv=_GEMV)
+# The interpreter pays per program and per op: few, wide programs; a small split still exercised.
+_INTERP = dict(gemm=dict(_GEMM, BLOCK_K=64), decode=dict(_DECODE, BLOCK_N=64, BLOCK_K=64, programs=8),
+               w8a8=dict(_W8A8, BLOCK_K=64), gemv=dict(ROWS=16, WIDTH=128, num_warps=4))
 _TUNE_MIN_WEIGHTS = 1 << 20   # N * K from which a prefill GEMM is autotuned (on a GPU)
 _FLOOR = tl.constexpr(AMAX_FLOOR)
 _FMAX = tl.constexpr(FP8_MAX)
 
 
 def launch_config(plat, form: str = "gemm") -> dict:
-    """Launch choices of `form` ("gemm", "gemv", "w8a8") on platform `plat`, plus the operand mode
+    """Launch choices of `form` ("gemm", "decode", "gemv", "w8a8") on platform `plat`, plus the operand mode
     that the device's capability allows (fp8_triton.mode_for / mma_mode_for)."""
     table = _INTERP if plat.triton_mode != "compiled" else LAUNCH.get(plat.name, _DEFAULT)
     cfg = dict(table[form])
@@ -113,12 +121,13 @@ def w8a16_part(a, wb, acc, s, MODE: tl.constexpr, X16: tl.constexpr, SCALED: tl.
 
 # M (tokens) is not specialised on: every token count shares one compiled program
 @triton.jit(do_not_specialize=["M", "M_BUCKET"])
-def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, bn, bk,
-                  sxm, sxk, swn, swk, ssn, ssk, sym, syn, out_mul,
+def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, k_split, bn, bk,
+                  sxm, sxk, swn, swk, ssn, ssk, sys, sym, syn, out_mul,
                   MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, X16: tl.constexpr, SCALED: tl.constexpr,
                   F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
@@ -126,10 +135,12 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, bn, bk,
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * sxm
     w_cols = w_ptr + offs_n[None, :].to(tl.int64) * swn
     s_cols = s_ptr + (offs_n // bn).to(tl.int64) * ssn                  # [BLOCK_N] scale rows
+    k_lo = pid_s * k_split
+    k_hi = tl.minimum(K, k_lo + k_split)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
+        k_ok = offs_k < k_hi
         a = tl.load(x_rows + offs_k[None, :] * sxk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
         wb = tl.load(w_cols + offs_k[:, None] * swk, mask=k_ok[:, None] & n_ok[None, :], other=0)   # [BK, BN]
         if ONE_KBLOCK:   # (the scale multiplies once at the end)
@@ -140,8 +151,19 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, M_BUCKET, bn, bk,
     if ONE_KBLOCK:
         acc = acc * tl.load(s_cols, mask=n_ok, other=0.0)[None, :]
     acc = acc * out_mul
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * sym + offs_n[None, :] * syn,
+    tl.store(y_ptr + pid_s * sys + offs_m[:, None].to(tl.int64) * sym + offs_n[None, :] * syn,
              acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(ws_ptr, y_ptr, N, SPLIT, sws, swm, sym, syn, BLOCK: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT):   # fixed order: deterministic
+        acc += tl.load(ws_ptr + s * sws + m * swm + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + m * sym + offs * syn, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -210,8 +232,17 @@ def operand_flags(dtype, f32: bool) -> dict:
     return dict(X16=dtype != torch.float32, SCALED=dtype == torch.bfloat16, F32=f32)
 
 
+def _split(N: int, K: int, cfg: dict) -> tuple[int, int]:
+    """(SPLIT, k_split): the K range of a decode launch cut so that about cfg['programs'] programs run
+    (or into cfg['split'] parts), each part a whole number of K tiles."""
+    k_tiles = triton.cdiv(K, cfg["BLOCK_K"])
+    split = cfg.get("split") or max(1, min(k_tiles, cfg["programs"] // triton.cdiv(N, cfg["BLOCK_N"])))
+    per = triton.cdiv(k_tiles, split)
+    return triton.cdiv(k_tiles, per), per * cfg["BLOCK_K"]
+
+
 def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
-    """w8a16; `config` overrides launch_config entries (tests and bench sweeps: form, mode, tile sizes)."""
+    """w8a16; `config` overrides launch_config entries (tests and bench sweeps: form, mode, split, tile sizes)."""
     T, K = x.shape
     N = weight.shape[0]
     y = alloc.empty((T, N), x.dtype, x.device)
@@ -219,24 +250,40 @@ def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
         return y
     plat = platform.current()
     bn, bk = block_dims(block_size, K)
-    form = config.pop("form", "gemv" if T <= DECODE_TOKENS else "gemm")
+    form = config.pop("form", "gemv" if T <= GEMV_TOKENS else "decode" if T <= DECODE_TOKENS else "gemm")
     cfg = {**launch_config(plat, form), **config}
     mode = MODES[cfg.pop("mode")]
     if form == "gemv":
+        if "ROWS" in config:                      # (a sweep's own launch, for every K)
+            cfg.pop("long", None)
         return fp8_gemv(x, weight, weight_scale, block_size, y, cfg, mode == MODES["fn"])
     f32 = x.dtype == torch.float32 or interpreting()
     w, s = weight.view(torch.uint8), weight_scale
+    common = (T, N, K, triton.next_power_of_2(T))
     flags = dict(MODE=mode, ONE_KBLOCK=triton.cdiv(K, bk) == 1, **operand_flags(x.dtype, f32))
-    kmax = k_tile(bk, K, 128)
-    if not interpreting() and N * K >= _TUNE_MIN_WEIGHTS and "BLOCK_M" not in config:
-        kern, meta = _tuned(_w8a16_kernel, kmax, False), {}
-    else:
-        kern = _w8a16_kernel
-        meta = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
-        meta["BLOCK_K"] = k_tile(bk, K, cfg["BLOCK_K"])
-    kern[lambda META: (triton.cdiv(T, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]))](
-        x, w, s, y, T, N, K, triton.next_power_of_2(T), bn, bk, *x.stride(), *w.stride(), *s.stride(), *y.stride(),
+    cfg["BLOCK_K"] = k_tile(bk, K, cfg["BLOCK_K"])
+    if form == "gemm":
+        kmax = k_tile(bk, K, 128)
+        if not interpreting() and N * K >= _TUNE_MIN_WEIGHTS and "BLOCK_M" not in config:
+            kern, meta = _tuned(_w8a16_kernel, kmax, False), {}
+        else:
+            kern = _w8a16_kernel
+            meta = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+        kern[lambda META: (triton.cdiv(T, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]), 1)](
+            x, w, s, y, *common, K, bn, bk, *x.stride(), *w.stride(), *s.stride(), 0, *y.stride(),
+            SCALE[mode], **flags, **meta)
+        return y
+    split, k_split = _split(N, K, cfg)
+    out = y if split == 1 else alloc.empty((split, T, N), torch.float32, x.device)
+    so = (0, *y.stride()) if split == 1 else out.stride()
+    meta = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+    _w8a16_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), triton.cdiv(N, cfg["BLOCK_N"]), split)](
+        x, w, s, out, *common, k_split, bn, bk, *x.stride(), *w.stride(), *s.stride(), *so,
         SCALE[mode], **flags, **meta)
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(N))
+        _sum_splits_kernel[(T, triton.cdiv(N, block))](out, y, N, split, out.stride(0), out.stride(1),
+                                                        *y.stride(), BLOCK=block)
     return y
 
 
