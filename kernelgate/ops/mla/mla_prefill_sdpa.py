@@ -13,7 +13,8 @@ positions) and linear in the chunk.
 - A chunk after a cached prefix, or a longer context: the prefix [0, p0) and the chunk
   [p0, L) are cut into pieces at p0 (no bottom-right causal mask: torch's builds on
   torch._dynamo, seconds to import in a request), so
-  a prefix piece needs no mask (every query sees all of it) and a chunk piece [a, b) is
+  a prefix piece needs no mask (every query sees all of it; on NVIDIA a piece of unplanned
+  length is cut at its last multiple of CUDNN_MULTIPLE: `prefix_pieces`) and a chunk piece [a, b) is
   plain top-left causal for the queries from a - p0 on (query a - p0 + t sees keys a..a+t;
   earlier queries see none of it and are left out). Each piece returns (o, lse) and the
   pieces are merged by log-sum-exp in fp32. The public SDPA returns no lse, so `attend_lse`
@@ -264,6 +265,22 @@ def _attend_run(q, cache, block_table, bounds, lens, run, w, H, Dn, Dv, R, scale
         return None
 
 
+def prefix_pieces(p0: int, kind: str) -> list:
+    """[(a, b, False)] key pieces of a prefix [0, p0): PIECE positions each; where cuDNN serves the
+    planned lengths (LSE_ORDER's first), a piece of another length is cut at its last multiple of
+    CUDNN_MULTIPLE, so only the rest goes to the next kernel (a mixed step's chunks are the budget
+    minus the decodes: the prefix they leave is no multiple of it)."""
+    out = []
+    for a in range(0, p0, PIECE):
+        b = min(a + PIECE, p0)
+        cut = a + (b - a) // CUDNN_MULTIPLE * CUDNN_MULTIPLE
+        if a < cut < b and LSE_ORDER.get(kind, ("",))[0] == "cudnn":
+            out += [(a, cut, False), (cut, b, False)]
+        else:
+            out.append((a, b, False))
+    return out
+
+
 def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
     """Output rows [t0, t1) of one sequence of L positions."""
     n = t1 - t0
@@ -276,8 +293,7 @@ def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
     acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
     mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
     den = torch.zeros(H, n, dtype=torch.float32, device=q.device)
-    pieces = [(a, min(a + PIECE, p0), False) for a in range(0, p0, PIECE)] + \
-             [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
+    pieces = prefix_pieces(p0, _device_kind(q)) + [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
     for a, b, in_chunk in pieces:
         first = a - p0 if in_chunk else 0                                    # queries that see this piece
         k, v = expand(cache, table_row, a, b, w, H, Dn, Dv, R, q.dtype)

@@ -97,6 +97,9 @@ def test_cudnn_pieces_padded_to_planned_lengths(monkeypatch):
     assert rel(o, pb.expanded(w[:, :24], w[:, 24:])) < 1e-5
     assert any(nq == nk and causal and nq % 4 == 0 for nq, nk, causal in calls)      # a padded causal piece
     assert any(not causal for _, _, causal in calls)                                 # a prefix piece
+    # the prefix of 23: pieces [0, 8), [8, 16), [16, 23), the last cut at 20 (merged into the output above)
+    assert S.prefix_pieces(23, "cpu") == [(0, 8, False), (8, 16, False), (16, 20, False), (20, 23, False)]
+    assert S.prefix_pieces(23, "rocm") == [(0, 8, False), (8, 16, False), (16, 23, False)]   # (no cuDNN there)
     assert S.planned(stand_in, 5, 8, False, 4) is None                               # pads 3 of 5 queries
     assert S.planned(stand_in, 8, 6, False, 4) is None                               # keys not padded unmasked
 
