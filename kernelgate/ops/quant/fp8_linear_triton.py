@@ -43,7 +43,7 @@ DECODE_TOKENS = 8       # up to this many tokens: the split-K decode launch of t
 # Launch choices per platform name (platform.current(), so a simulated platform takes its own).
 _GEMM = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
 _W8A8 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-# (bench/ops/fp8_linear_sweep.py's split-K sweep, Session 19, T = 1: the best of 48 launches at Kimi's shapes)
+# (Session 19's split-K sweep, T = 1, the best of 48 launches at Kimi's shapes: bench/RESULTS.md)
 _DECODE = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, programs=528)
 # the GEMV: weight rows per program, codes per K step; long rows (K >= 4096) take fewer, wider programs
 # (bench/ops/fp8_linear_sweep.py, H200, Kimi's projections at T = 1: in_proj 12,576 x 2,304 11.8 µs,
