@@ -59,7 +59,7 @@ def check_values(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_up_scale, 
 
 def _triton_supports(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_up_scale, w_down_scale,
                      block_size=DEFAULT_BLOCK, activation="silu", swiglu_limit=None):
-    from ..quant.fp8_linear_triton import k_tile
+    from ..quant.fp8_gemv_triton import k_tile
     for name, K in (("w_gate_up", x.shape[1]), ("w_down", w_down.shape[2])):
         bk = block_dims(block_size, K)[1]
         if k_tile(bk, K, 64) < 16:

@@ -22,7 +22,8 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
-from ..quant.fp8_linear_triton import k_tile, operand_flags, w8a16_part
+from ..quant.fp8_gemv_triton import k_tile
+from ..quant.fp8_linear_triton import operand_flags, w8a16_part
 from ..quant.fp8_triton import MODES, SCALE, mode_for
 from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
 from .fused_experts_triton import _TUNE_MIN_WEIGHTS, _tuned, launch_config, route, sum_slots

@@ -19,14 +19,24 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8_triton import mode_for
 from .fp8_weights import block_dims
 
 _UNBIAS = tl.constexpr(2.0 ** 120)
 
 
+def k_tile(bk: int, K: int, want: int) -> int:
+    """Largest power-of-two K tile <= want that stays inside one scale block of bk (any, with one K block)."""
+    if triton.cdiv(K, bk) <= 1:
+        return want
+    t = want
+    while t > 1 and bk % t:
+        t //= 2
+    return t
+
+
 def tile(bk: int, K: int, width: int) -> dict:
     """NB sub-tiles of BK codes (BK inside one scale block of bk) making a K step of about `width` codes."""
-    from .fp8_linear_triton import k_tile
     bk_sub = k_tile(bk, K, width)
     return dict(NB=max(1, min(width // bk_sub, triton.next_power_of_2(triton.cdiv(K, bk_sub)))), BK=bk_sub)
 
@@ -45,7 +55,6 @@ def fp8_f32(byte, HW: tl.constexpr):
 
 def hw_decode(capability) -> bool:
     """Whether a device of this capability decodes e4m3fn by conversion instructions (fp8_f32's HW)."""
-    from .fp8_triton import mode_for
     return mode_for(capability) == "fn"
 
 

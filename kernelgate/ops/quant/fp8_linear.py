@@ -54,7 +54,7 @@ def check_values(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
 
 
 def _triton_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
-    from .fp8_linear_triton import k_tile
+    from .fp8_gemv_triton import k_tile
     K = x.shape[1]
     bk = block_dims(block_size, K)[1]
     if k_tile(bk, K, 64) < 16:
@@ -67,7 +67,7 @@ def _triton_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
 
 
 def _w8a8_supports(x, weight, weight_scale, block_size=DEFAULT_BLOCK):
-    from .fp8_linear_triton import k_tile
+    from .fp8_gemv_triton import k_tile
     K = x.shape[1]
     bk = block_dims(block_size, K)[1]
     if k_tile(bk, K, 128) < 32:

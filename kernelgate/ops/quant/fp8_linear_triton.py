@@ -34,7 +34,7 @@ from ... import alloc, platform
 from ...platform import interpreting
 from .fp8_triton import MODES, SCALE, dot, fp16_operand, fp16_rows, fp8_operand, mma_mode_for, mode_for
 from ..common.fp8_triton import encode_e4m3
-from .fp8_gemv_triton import fp8_gemv
+from .fp8_gemv_triton import fp8_gemv, k_tile
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
 GEMV_TOKENS = 1         # up to this many tokens: the GEMV (fp8_gemv_triton)
@@ -71,16 +71,6 @@ def launch_config(plat, form: str = "gemm") -> dict:
     cfg = dict(table[form])
     cfg["mode"] = (mma_mode_for(plat.capability) or "int") if form == "w8a8" else mode_for(plat.capability)
     return cfg
-
-
-def k_tile(bk: int, K: int, want: int) -> int:
-    """Largest power-of-two BLOCK_K <= want whose tiles stay inside one scale block (any, with one K block)."""
-    if triton.cdiv(K, bk) <= 1:
-        return want
-    t = want
-    while t > 1 and bk % t:
-        t //= 2
-    return t
 
 
 def _gemm_configs(kmax: int, fp8: bool):
