@@ -9,7 +9,8 @@ Per sequence with new tokens, the context's keys and values are gathered from th
 - A chunk after a cached prefix, or a longer context: the prefix [0, p0) and the chunk [p0, L)
   are cut into pieces at p0 (no bottom-right causal mask: torch's builds on torch._dynamo,
   seconds to import in a request), as in
-  `mla_prefill_sdpa`, attended by its `attend_lse` (torch's fused kernels that return the lse,
+  `mla_prefill_sdpa` (its `prefix_pieces`: on NVIDIA a piece of unplanned length cut at its last
+  multiple of CUDNN_MULTIPLE), attended by its `attend_lse` (torch's fused kernels that return the lse,
   fp32 math where none takes the call) and merged by log-sum-exp in fp32. A prefix piece needs
   no mask, so the G query heads of a KV head are stacked along the query axis ([1, Hkv, G n, D]
   against [1, Hkv, P, D]): no key / value copy per query head. A chunk piece is top-left causal
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from ... import alloc
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..mla.mla_prefill_sdpa import CUDNN_MULTIPLE, attend_lse
+from ..mla.mla_prefill_sdpa import CUDNN_MULTIPLE, attend_lse, device_kind, prefix_pieces
 from . import paged
 
 PIECE = 16384            # context positions attended at a time (beyond one SDPA call)
@@ -66,8 +67,7 @@ def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale):
     mx = torch.full((Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
     den = torch.zeros(Hq, n, dtype=torch.float32, device=q.device)
     q_grouped = qi.reshape(1, Hkv, G * n, D)                                 # head h = kv * G + g
-    for a in range(0, p0, PIECE):                                            # prefix: every query sees it
-        b = min(a + PIECE, p0)
+    for a, b, _ in prefix_pieces(p0, device_kind(q), PIECE):                 # prefix: every query sees it
         k = paged.gather(k_cache, table_row, b, a).transpose(0, 1)[None]     # [1, Hkv, P, D]
         v = paged.gather(v_cache, table_row, b, a).transpose(0, 1)[None]
         po, plse = attend_lse(q_grouped, k, v, scale, causal=False)

@@ -130,7 +130,7 @@ LSE_KERNELS = {"cudnn": _lse_cudnn, "flash": _lse_flash, "efficient": _lse_effic
 LSE_ORDER = {"cuda": ("cudnn", "flash", "efficient"), "rocm": ("flash", "efficient"), "cpu": ("cpu_flash",)}
 
 
-def _device_kind(q) -> str:
+def device_kind(q) -> str:
     """The device type, with ROCm's "cuda" tensors by the platform's name."""
     return "rocm" if q.device.type == "cuda" and current().name == "rocm" else q.device.type
 
@@ -144,7 +144,7 @@ def attend_lse(q, k, v, scale, causal):
         o1, l1 = attend_lse(q[:, :, :nk], k, v, scale, True)
         o2, l2 = attend_lse(q[:, :, nk:], k, v, scale, False)
         return torch.cat([o1, o2], 2), torch.cat([l1, l2], 2)
-    order = (FORCE_LSE,) if FORCE_LSE else LSE_ORDER.get(_device_kind(q), ())
+    order = (FORCE_LSE,) if FORCE_LSE else LSE_ORDER.get(device_kind(q), ())
     for name in order:
         if name == "math":
             break
@@ -265,14 +265,14 @@ def _attend_run(q, cache, block_table, bounds, lens, run, w, H, Dn, Dv, R, scale
         return None
 
 
-def prefix_pieces(p0: int, kind: str) -> list:
-    """[(a, b, False)] key pieces of a prefix [0, p0): PIECE positions each; where cuDNN serves the
+def prefix_pieces(p0: int, kind: str, piece: int | None = None) -> list:
+    """[(a, b, False)] key pieces of a prefix [0, p0): `piece` (PIECE) positions each; where cuDNN serves the
     planned lengths (LSE_ORDER's first), a piece of another length is cut at its last multiple of
     CUDNN_MULTIPLE, so only the rest goes to the next kernel (a mixed step's chunks are the budget
     minus the decodes: the prefix they leave is no multiple of it)."""
-    out = []
-    for a in range(0, p0, PIECE):
-        b = min(a + PIECE, p0)
+    out, piece = [], piece or PIECE
+    for a in range(0, p0, piece):
+        b = min(a + piece, p0)
         cut = a + (b - a) // CUDNN_MULTIPLE * CUDNN_MULTIPLE
         if a < cut < b and LSE_ORDER.get(kind, ("",))[0] == "cudnn":
             out += [(a, cut, False), (cut, b, False)]
@@ -293,7 +293,7 @@ def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
     acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
     mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
     den = torch.zeros(H, n, dtype=torch.float32, device=q.device)
-    pieces = prefix_pieces(p0, _device_kind(q)) + [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
+    pieces = prefix_pieces(p0, device_kind(q)) + [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
     for a, b, in_chunk in pieces:
         first = a - p0 if in_chunk else 0                                    # queries that see this piece
         k, v = expand(cache, table_row, a, b, w, H, Dn, Dv, R, q.dtype)
@@ -313,7 +313,7 @@ def mla_prefill_sdpa(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale, v
     w = w_kv.to(q.dtype).reshape(H * (Dn + Dv), R)
     bounds, lens = cu_seqlens.tolist(), seq_lens.tolist()   # host copies: no sync; device ones: one
     o = alloc.empty((T, H, Dv), q.dtype, q.device)
-    how = FORCE_VARLEN or VARLEN.get(_device_kind(q))
+    how = FORCE_VARLEN or VARLEN.get(device_kind(q))
     for run in _runs(bounds, lens, how is not None and how != "off"):
         if len(run) > 1:
             out = _attend_run(q, cache, block_table, bounds, lens, run, w, H, Dn, Dv, R, scale, how)
