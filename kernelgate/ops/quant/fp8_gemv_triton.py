@@ -1,5 +1,5 @@
 """Decode GEMV pieces on FP8 e4m3fn weight rows (one token's activations times a tile of rows), shared
-by fp8_linear's small-batch form (here) and the experts GEMV (moe/fused_experts_fp8_gemv_triton.py).
+by fp8_linear's one-token form (here) and the experts GEMV (moe/fused_experts_fp8_gemv_triton.py).
 
 A program owns a tile of weight rows and walks K in steps of NB sub-tiles of BK codes, each sub-tile
 inside one scale block (BK divides bk): acc [rows, NB, BK] += code * x * scale with plain FMAs,
