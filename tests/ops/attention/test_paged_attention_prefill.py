@@ -12,6 +12,7 @@ import torch
 from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.registry import FallbackWarning, checked
 from attn_refs import Problem, rel
+from helpers.planned import planned_stand_in
 
 OP = "paged_attention_prefill"
 VARIANTS = [("native", None), ("sdpa", None), ("triton", "cuda"), ("triton", "xpu")]
@@ -105,17 +106,8 @@ def test_sdpa_prefix_pieces_cut_at_planned_lengths(monkeypatch):
     [0, 8), [8, 16), [16, 20) planned and [20, 21) for the next kernel; the merged output is the
     reference's."""
     from kernelgate.ops.attention import paged_attention_prefill_sdpa as S
-    from kernelgate.ops.mla import mla_prefill_sdpa as M
-    calls = []
-
-    def stand_in(q, k, v, scale, causal):
-        assert q.shape[2] % 4 == 0 and k.shape[2] % 4 == 0, (q.shape, k.shape)
-        calls.append((q.shape[2], k.shape[2], causal))
-        return M._math_lse(q, k, v, scale, causal)
+    calls, _ = planned_stand_in(monkeypatch)
     monkeypatch.setattr(S, "PIECE", 8)
-    monkeypatch.setattr(M, "CUDNN_MULTIPLE", 4)
-    monkeypatch.setitem(M.LSE_KERNELS, "cudnn", stand_in)
-    monkeypatch.setitem(M.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
     pb = Problem([30], [9], 6, 2, 60, 8, torch.float32, seed=7)       # 3 query heads per KV head: 27 -> 28 rows
     o = run("sdpa", None, pb.q, pb.k_cache, pb.v_cache, pb.table, pb.cu, pb.seq_lens, pb.scale, **hints(pb))
     assert rel(o, pb.reference()) < BOUND[torch.float32]

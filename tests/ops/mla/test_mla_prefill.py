@@ -10,6 +10,7 @@ import torch
 
 from kernelgate import KernelgateError, forcing, platform, registry
 from kernelgate.registry import FallbackWarning
+from helpers.planned import planned_stand_in
 from mla_refs import Problem, rel
 
 OP = "mla_prefill"
@@ -78,16 +79,8 @@ def test_cudnn_pieces_padded_to_planned_lengths(monkeypatch):
     4 (as cuDNN here takes multiples of CUDNN_MULTIPLE) and computes in fp32; every piece it cannot
     take (a non-causal piece of other length, too much padding) goes to the next kernel."""
     from kernelgate.ops.mla import mla_prefill_sdpa as S
-    calls = []
-
-    def stand_in(q, k, v, scale, causal):
-        assert q.shape[2] % 4 == 0 and k.shape[2] % 4 == 0, (q.shape, k.shape)
-        calls.append((q.shape[2], k.shape[2], causal))
-        return S._math_lse(q, k, v, scale, causal)
+    calls, stand_in = planned_stand_in(monkeypatch)
     monkeypatch.setattr(S, "PIECE", 8)
-    monkeypatch.setattr(S, "CUDNN_MULTIPLE", 4)
-    monkeypatch.setitem(S.LSE_KERNELS, "cudnn", stand_in)
-    monkeypatch.setitem(S.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
     # chunks of 7 / 15 / 9 tokens after prefixes of 16 / 9 / 23: padded to 8 / 16 / 12 queries
     pb = Problem([23, 24, 32], [7, 15, 9], 2, 32, 16, 24, 16, 8, torch.float32, seed=5)
     w_kv = pb.w_kv(torch.float32)
@@ -110,19 +103,11 @@ def test_first_chunks_take_planned_lengths_not_the_public_sdpa(monkeypatch):
     to the planned multiple for the cuDNN stand-in, never the public SDPA (on NVIDIA that hands any
     new length to cuDNN, which plans it inside the request)."""
     from kernelgate.ops.mla import mla_prefill_sdpa as S
-    calls = []
-
-    def stand_in(q, k, v, scale, causal):
-        assert q.shape[2] % 4 == 0 and k.shape[2] % 4 == 0, (q.shape, k.shape)
-        calls.append((q.shape[2], k.shape[2], causal))
-        return S._math_lse(q, k, v, scale, causal)
+    calls, _ = planned_stand_in(monkeypatch)
 
     def public(*a, **k):
         raise AssertionError("the public SDPA picks its backend per call")
-    monkeypatch.setattr(S, "CUDNN_MULTIPLE", 4)
     monkeypatch.setattr(S.F, "scaled_dot_product_attention", public)
-    monkeypatch.setitem(S.LSE_KERNELS, "cudnn", stand_in)
-    monkeypatch.setitem(S.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
     monkeypatch.setitem(S.VARLEN, "cpu", None)       # one sequence at a time: the first-chunk path
     pb = Problem([7, 15], [7, 15], 2, 32, 16, 24, 16, 8, torch.float32, seed=6)   # whole prompts: no prefix
     w_kv = pb.w_kv(torch.float32)
