@@ -80,9 +80,13 @@ def main() -> None:
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, model.config.vocab_size, (a.long,), generator=g).tolist() for _ in range(a.num_long)]
     kernelgate.generate(model, prompts[:1], max_new_tokens=2, max_model_len=a.long + 64)     # warm
-    t0 = time.perf_counter()
-    kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, enable_prefix_caching=False)
+    from kernelgate.serving.drive import Timing
+    t, t0 = Timing(), time.perf_counter()
+    kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, enable_prefix_caching=False,
+                        timing=t)
     offline = time.perf_counter() - t0
+    # the offline steps one by one: a step far above its neighbours is a first-use cost or a bad shape
+    print("offline steps (kind tokens ms): " + ", ".join(f"{k[0]}{n}:{s * 1e3:.0f}" for k, n, s in t.steps), flush=True)
     print("\n| figure | value | against |\n|---|---:|---|")
     print(f"| offline prefill of {a.num_long} x {a.long} tokens | {offline:.2f} s ({a.num_long * a.long / offline:,.0f} tok/s) | |")
     print(f"| long prompts' TTFT p50 / p99 | {longs['median_ttft_ms'] / 1e3:.2f} / {longs['p99_ttft_ms'] / 1e3:.2f} s | "
