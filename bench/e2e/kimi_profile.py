@@ -92,10 +92,13 @@ def tail(model, spec, top):
         sched.step()
     sched.add_request("long", torch.randint(0, 1000, (L,), generator=g).tolist(), SamplingParams(max_new_tokens=4))
     times = []
-    for _ in range(ctx // per):
+    for i in range(ctx // per):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        sched.step()
+        if i == 2:   # a chunk in the middle of the prompt, profiled (its time includes the profiler's)
+            kernels(sched.step, f"chunk step {per} tokens after {i * per} + {running} decodes", top, warm=False)
+        else:
+            sched.step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"\n## chunk steps of {per} tokens beside {running} decodes (ms, each reads the step before): "
