@@ -71,7 +71,7 @@ def kernels(fn, title, top=18, warm=True):
     print("sync/copy api calls: " + ", ".join(f"{e.key} x{e.count} ({e.cpu_time_total:.0f} us)" for e in syncs))
 
 
-def tail(model, spec, top):
+def tail(model, spec, top, warm=False):
     """The step that ends a long prompt: its last TAIL tokens after CTX cached ones, beside RUNNING
     decoding streams (what a served long prompt's last chunk looks like), against the chunk steps
     before it; budget 8,192, prefix cache off (no snapshot splits)."""
@@ -84,6 +84,9 @@ def tail(model, spec, top):
     sched = Engine(model, max_num_seqs=running + 1, max_model_len=max(L, 528) + 8, max_num_batched_tokens=budget,
                    block_size=64, num_cache_blocks=(running + 1) * -(-(max(L, 528) + 8) // 64),
                    enable_prefix_caching=False)
+    if warm:   # as a server starts: every step size and a multi-chunk prompt met before the timed steps
+        from kernelgate.serving.warmup import warm_up
+        warm_up(sched, log=lambda m: None, every_shape=True)
     g = torch.Generator().manual_seed(3)
     for i in range(running):
         sched.add_request(f"r{i}", torch.randint(0, 1000, (128,), generator=g).tolist(),
@@ -159,6 +162,7 @@ def main():
     ap.add_argument("--tail", default="", metavar="CTX+TAIL+RUNNING",
                     help="also profile the step that ends a long prompt (its last TAIL tokens after about CTX) "
                          "beside RUNNING decodes, e.g. 32768+67+64")
+    ap.add_argument("--warm", action="store_true", help="--tail: warm the engine up first, as `kernelgate serve` does")
     ap.add_argument("--mixed", default="", metavar="NEWxLEN+RUNNING",
                     help="also profile a mixed step: NEW prompts of LEN tokens joining RUNNING decodes (e.g. 32x128+32; "
                          "comma-separated for several)")
@@ -206,7 +210,7 @@ def main():
     for spec in filter(None, a.mixed.split(",")):
         mixed(ours, spec, a.top)
     for spec in filter(None, a.tail.split(",")):
-        tail(ours, spec, a.top)
+        tail(ours, spec, a.top, a.warm)
     if not a.prefill:
         return
     nb = -(-a.prefill // 64)
