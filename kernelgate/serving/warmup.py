@@ -33,7 +33,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     step of each size eager steps are padded to (each power-of-two token count where they are
     not) up to the token budget, which compiles and autotunes the kernels keyed on it
     (fused_experts autotunes per bucket of token-expert pairs), one step of an odd token count,
-    a mixed step (a prompt joining decodes) and one prompt several chunks long."""
+    a mixed step (a prompt joining decodes) and one prompt several chunks long, alone and beside
+    a decoding request."""
     model = engine.model
     name = getattr(getattr(model, "device", None), "type", "cpu")
     from ..platform import current
@@ -104,6 +105,13 @@ def _every_shape(engine, batch: int, log) -> None:
     # kernels that plan per shape (cuDNN's) plan now, not in a request
     long = min(longest, 4 * budget)
     if long > budget:
-        drive(engine, [("warmup-long", [(3 * j + 2) % vocab for j in range(long)], SamplingParams(max_new_tokens=1))])
+        prompt = [(3 * j + 2) % vocab for j in range(long)]
+        drive(engine, [("warmup-long", prompt, SamplingParams(max_new_tokens=1))])
+        # and beside a decoding request, as a served long prompt meets them: its chunks are the
+        # budget minus the decode (queries padded to a planned length), the prefixes they leave
+        # no planned length (keys padded, masked) -- other attention plans than the ones above
+        if engine.max_num_seqs >= 2:
+            drive(engine, [("warmup-long-decode", [7, 8, 9, 10, 11], SamplingParams(max_new_tokens=long // budget + 8)),
+                           ("warmup-long-mixed", prompt[::-1], SamplingParams(max_new_tokens=1))])
     log(f"prefill steps of up to {biggest} tokens" + (f" and a {long}-token prompt" if long > budget else "")
         + f" met in {time.perf_counter() - t0:.1f} s")

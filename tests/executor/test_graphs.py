@@ -181,7 +181,7 @@ def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model)
     """warm_up(every_shape=True) with a 64-token budget: one prefill step of each power of two
     up to it, several prompts per step where max_model_len is shorter, an odd count, a mixed
     step, and one 256-token prompt
-    (chunked: its chunks meet a cached prefix); afterwards every slot and block is free and the
+    (chunked: its chunks meet a cached prefix), alone and beside a decode; afterwards every slot and block is free and the
     engine decodes exactly as a fresh one."""
     eng = Engine(model, max_num_seqs=4, max_model_len=256 + 1, max_num_batched_tokens=64, graphs=False)
     steps, said = [], []
@@ -200,6 +200,8 @@ def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model)
     assert prefill.count(64) >= 1 + 256 // 64
     assert 33 in prefill                                   # an odd token count (Triton's other specialisation)
     assert any(kind == "mixed" for kind, _ in steps), steps   # a prompt joining decodes
+    # the long prompt again beside a decoding request: chunks of 63 (+ the decode), as served
+    assert sum(kind == "mixed" and t == 64 for kind, t in steps) >= 256 // 64 - 1, steps
     assert_drained(eng)
     prompts = _prompts()
     out = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=eng)

@@ -14,7 +14,8 @@ positions) and linear in the chunk.
   [p0, L) are cut into pieces at p0 (no bottom-right causal mask: torch's builds on
   torch._dynamo, seconds to import in a request), so
   a prefix piece needs no mask (every query sees all of it; on NVIDIA a piece of unplanned
-  length is cut at its last multiple of CUDNN_MULTIPLE: `prefix_pieces`) and a chunk piece [a, b) is
+  length is cut at its last multiple of CUDNN_MULTIPLE: `prefix_pieces`, and the rest padded to
+  a planned length with its padded keys masked, where that pays: `planned`) and a chunk piece [a, b) is
   plain top-left causal for the queries from a - p0 on (query a - p0 + t sees keys a..a+t;
   earlier queries see none of it and are left out). Each piece returns (o, lse) and the
   pieces are merged by log-sum-exp in fp32. The public SDPA returns no lse, so `attend_lse`
@@ -65,8 +66,9 @@ def expand(cache, table_row, start, end, w, H, Dn, Dv, R, dtype):
     return k.transpose(0, 1)[None], kv[..., Dn:].transpose(0, 1)[None]
 
 
-def _math_lse(q, k, v, scale, causal):
-    """fp32 (o [1, H, nq, Dv], lse [1, H, nq]) in query tiles of at most MATH_BYTES of scores."""
+def _math_lse(q, k, v, scale, causal, bias=None):
+    """fp32 (o [1, H, nq, Dv], lse [1, H, nq]) in query tiles of at most MATH_BYTES of scores;
+    `bias` [1, *, *, nk] (broadcast) is added to the scores."""
     H, nq, nk = q.shape[1], q.shape[2], k.shape[2]
     kf, vf = k.float(), v.float()
     o = torch.empty(1, H, nq, v.shape[3], dtype=torch.float32, device=q.device)
@@ -75,6 +77,8 @@ def _math_lse(q, k, v, scale, causal):
     for s in range(0, nq, step):
         e = min(s + step, nq)
         sc = (q[:, :, s:e].float() @ kf.transpose(-1, -2)) * scale           # [1, H, e - s, nk]
+        if bias is not None:
+            sc = sc + bias[:, :, s:e if bias.shape[2] > 1 else 1].float()
         if causal:   # top-left: query t sees keys 0..t
             hide = torch.arange(nk, device=q.device)[None, :] > torch.arange(s, e, device=q.device)[:, None]
             sc = sc.masked_fill(hide, float("-inf"))
@@ -83,8 +87,16 @@ def _math_lse(q, k, v, scale, causal):
     return o, lse
 
 
-def _lse_cudnn(q, k, v, scale, causal):
-    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+def _one_batch(t):
+    """t [1, ...] with its batch stride set to its element count: torch keys cuDNN's plans on every
+    stride, also the unused one of a batch of one, which differs between a query view of the
+    packed tokens and the same query padded (a new plan, ~40 ms, inside a request)."""
+    return t.as_strided(t.shape, (t[0].numel(), *t.stride()[1:]))
+
+
+def _lse_cudnn(q, k, v, scale, causal, bias=None):
+    q, k, v = _one_batch(q), _one_batch(k), _one_batch(v)
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, causal, False,
                                                                   scale=scale)[:2]
     return out.float(), lse.reshape(q.shape[:3]).float()
 
@@ -115,14 +127,34 @@ def _pad(t, width):
     return F.pad(t, (0, width - t.shape[3])) if t.shape[3] < width else t
 
 
+def _pad_rows(t, m):
+    """t [1, H, n, D] with zero rows appended up to m, in t's own layout where its rows are the
+    outermost stride (a view of packed tokens: keys, values and queries as the op builds them), so
+    a padded piece meets cuDNN with the strides of an unpadded one (its plans key on strides)."""
+    n, s = t.shape[2], t.stride()
+    if m == n:
+        return t
+    if s[2] < max(s[1], s[3]):
+        return F.pad(t, (0, 0, 0, m - n))
+    out = t.new_zeros(m * s[2]).as_strided((1, t.shape[1], m, t.shape[3]), (m * s[2], s[1], s[2], s[3]))
+    out[:, :, :n] = t
+    return out
+
+
 # cuDNN builds an execution plan per shape on first use (slowly): it gets only pieces whose
 # lengths are multiples of CUDNN_MULTIPLE (a few shapes per process, met by the warm-up). A
 # piece's queries are padded up to the next multiple when that adds at most a quarter (a mixed
 # step's chunk is the budget minus its decode tokens); a causal (square) piece pads its keys
-# alike -- top-left causal, the padded keys are seen by the padded queries alone. Other lengths
-# (a prompt's short last chunk, the remainder of the prefix) take the next kernel.
+# alike -- top-left causal, the padded keys are seen by the padded queries alone. A prefix piece
+# (no mask) pads its keys when that adds at most CUDNN_KEY_PAD of them, the padded keys hidden by
+# an additive -inf bias (the remainder of a prefix that a mixed step's chunks leave: 8,064 keys
+# took FlashAttention-2 5.27 ms at Kimi's widths, cuDNN padded to 8,192 with the bias 3.02 ms;
+# cuDNN's cost is that of the padded piece, FA2's grows with the keys: even at ~4,650 keys, so
+# shorter remainders stay with FA2; bench/probes/cudnn_bias.py). Other lengths (a prompt's short
+# last chunk, a short remainder of the prefix) take the next kernel.
 CUDNN_MULTIPLE = 8192
 CUDNN_PAD = 0.25
+CUDNN_KEY_PAD = 0.75
 
 # torch's fused kernels that return the lse (private ops), fastest first, per device type
 LSE_KERNELS = {"cudnn": _lse_cudnn, "flash": _lse_flash, "efficient": _lse_efficient, "cpu_flash": _lse_cpu_flash}
@@ -165,22 +197,34 @@ def attend_lse(q, k, v, scale, causal):
     return _math_lse(q, k, v, scale, causal)
 
 
-def planned(kernel, nq: int, nk: int, causal: bool, multiple: int, most: float = CUDNN_PAD):
+def planned(kernel, nq: int, nk: int, causal: bool, multiple: int, most: float = CUDNN_PAD,
+            most_keys: float = CUDNN_KEY_PAD):
     """`kernel` run on a piece padded to lengths that are multiples of `multiple` (zero rows:
     queries appended and dropped from the output; for a causal square piece keys and values too,
-    seen only by the padded queries), or None where that would pad more than `most` of the
-    queries, or the keys of a piece that is not causal (they would take part in the softmax)."""
-    mq = -(-nq // multiple) * multiple
-    if nq == 0 or mq - nq > most * nq or (nk % multiple and not (causal and nq == nk)):
+    seen only by the padded queries; for a piece without a mask, keys and values too, hidden from
+    every query by a -inf bias: `kernel(..., bias=)`), or None where that would pad more than
+    `most` of the queries or `most_keys` of an unmasked piece's keys, or the keys of a causal
+    piece that is not square."""
+    mq, mk = (-(-n // multiple) * multiple for n in (nq, nk))
+    if nq == 0 or mq - nq > most * nq:
         return None
-    if mq == nq and nk % multiple == 0:
+    square = causal and nq == nk
+    if nk % multiple and not square and (causal or mk - nk > most_keys * nk):
+        return None
+    if mq == nq and mk == nk:
         return kernel
 
     def run(q, k, v, scale, causal):
-        pad = (0, 0, 0, mq - nq)
-        if causal:
-            k, v = F.pad(k, pad), F.pad(v, pad)
-        o, lse = kernel(F.pad(q, pad), k, v, scale, causal)
+        bias = None
+        if square:
+            k, v = _pad_rows(k, mq), _pad_rows(v, mq)
+        elif mk > nk:
+            k, v = _pad_rows(k, mk), _pad_rows(v, mk)
+            row = torch.zeros(mk, dtype=q.dtype, device=q.device)
+            row[nk:] = float("-inf")
+            bias = row.view(1, 1, 1, mk).expand(1, q.shape[1], mq, mk)
+        q = _pad_rows(q, mq)
+        o, lse = kernel(q, k, v, scale, causal) if bias is None else kernel(q, k, v, scale, causal, bias=bias)
         return o[:, :, :nq], lse[:, :, :nq]
     return run
 

@@ -81,8 +81,8 @@ def test_cudnn_pieces_padded_to_planned_lengths(monkeypatch):
     from kernelgate.ops.mla import mla_prefill_sdpa as S
     calls, stand_in = planned_stand_in(monkeypatch)
     monkeypatch.setattr(S, "PIECE", 8)
-    # chunks of 7 / 15 / 9 tokens after prefixes of 16 / 9 / 23: padded to 8 / 16 / 12 queries
-    pb = Problem([23, 24, 32], [7, 15, 9], 2, 32, 16, 24, 16, 8, torch.float32, seed=5)
+    # chunks of 7 / 15 / 9 / 8 tokens after prefixes of 16 / 9 / 23 / 15: padded to 8 / 16 / 12 / 8 queries
+    pb = Problem([23, 24, 32, 23], [7, 15, 9, 8], 2, 32, 16, 24, 16, 8, torch.float32, seed=5)
     w_kv = pb.w_kv(torch.float32)
     q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).float()
     o = run("sdpa", q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
@@ -93,8 +93,44 @@ def test_cudnn_pieces_padded_to_planned_lengths(monkeypatch):
     # the prefix of 23: pieces [0, 8), [8, 16), [16, 23), the last cut at 20 (merged into the output above)
     assert S.prefix_pieces(23, "cpu") == [(0, 8, False), (8, 16, False), (16, 20, False), (20, 23, False)]
     assert S.prefix_pieces(23, "rocm") == [(0, 8, False), (8, 16, False), (16, 23, False)]   # (no cuDNN there)
+    # the prefix remainder [12, 15) of the last: 3 keys padded to 4, the padded one hidden by the bias
+    assert (8, 4, 1) in stand_in.masked, stand_in.masked
     assert S.planned(stand_in, 5, 8, False, 4) is None                               # pads 3 of 5 queries
-    assert S.planned(stand_in, 8, 6, False, 4) is None                               # keys not padded unmasked
+    assert S.planned(stand_in, 8, 2, False, 4) is None                               # pads 2 of 2 keys
+    assert S.planned(stand_in, 8, 6, True, 4) is None                                # causal, not square
+
+
+def test_unmasked_piece_padded_keys_hidden_by_bias(monkeypatch):
+    """A prefix piece of unplanned key length padded to the planned multiple: the padded keys
+    (zero rows, whose scores would be 0, not -inf) are hidden by the bias, so the output and lse
+    equal the piece's own; fp32 against the unpadded math."""
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    _, stand_in = planned_stand_in(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 3, n, d, generator=g) for n, d in ((7, 12), (6, 12), (6, 5)))
+    run_ = S.planned(stand_in, 7, 6, False, 4)
+    o, lse = run_(q, k, v, 0.3, False)
+    ro, rl = S._math_lse(q, k, v, 0.3, False)
+    assert o.shape == ro.shape and rel(o, ro) < 1e-6 and (lse - rl).abs().max() < 1e-5
+    assert stand_in.masked == [(8, 8, 2)]                                            # 7 -> 8 queries, 6 -> 8 keys
+
+
+def test_cudnn_plans_one_layout_for_padded_and_unpadded_queries():
+    """cuDNN's plan cache keys on every stride: a query that is a view of the packed tokens
+    and the same length padded (a copy) must reach it with the same strides."""
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+    H, D = 3, 8
+    packed = torch.randn(16, H, D)
+    view = packed[:8].transpose(0, 1)[None]                                          # [1, H, 8, D]
+    padded = S._pad_rows(packed[:7].transpose(0, 1)[None], 8)
+    assert view.shape == padded.shape and view.stride() != padded.stride()          # (the batch stride)
+    assert S._one_batch(view).stride() == S._one_batch(padded).stride()
+    assert torch.equal(S._one_batch(view), view) and torch.equal(padded[:, :, :7], view[:, :, :7])
+    assert not padded[:, :, 7].any()
+    # values: a slice of the expanded [n, H, Dn + Dv] rows keep that row stride when padded
+    kv = torch.randn(16, H, 5 + D)
+    v = kv[:7, :, 5:].transpose(0, 1)[None]
+    assert S._one_batch(S._pad_rows(v, 8)).stride() == S._one_batch(kv[:8, :, 5:].transpose(0, 1)[None]).stride()
 
 
 def test_first_chunks_take_planned_lengths_not_the_public_sdpa(monkeypatch):
