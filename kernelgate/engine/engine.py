@@ -151,17 +151,17 @@ class Engine:
 
         With async scheduling (the default where the runner allows it) a step is queued on the
         device and read back during the next call: that call schedules and queues its own step
-        first -- feeding the sampled tokens back on the device when it only decodes the requests
-        that just sampled -- and only then waits for the previous one, so the host's work
-        overlaps the device's. Outputs thus arrive one call late; a stop token is seen one step
+        first -- its decodes of the requests that just sampled fed their tokens on the device, its
+        prompt chunks from the host (`_feed`) -- and only then waits for the previous one, so the
+        host's work overlaps the device's, in mixed and prefill steps too. Outputs thus arrive one call late; a stop token is seen one step
         late (the extra step's writes go to the slot and blocks being freed, zeroed before reuse)."""
         pending, self._pending = self._pending, None
         self.read_step = None
         out = self.scheduler.schedule()
         if not out.seqs and pending is None and self.scheduler.waiting and not self.scheduler.running:
             raise KernelgateError("engine: internal: a waiting request cannot be scheduled on an idle engine")
-        prev = self._feed(pending, out) if pending is not None else None
-        if pending is not None and prev is None:     # this step needs the previous tokens on the host
+        prev, wait = self._feed(pending, out) if pending is not None else (None, False)
+        if wait:                                     # this step needs the previous tokens on the host
             self._resolve(pending)
             pending = None
             out.seqs = [s for s in out.seqs if not s.req.done]
@@ -203,23 +203,36 @@ class Engine:
 
     @staticmethod
     def _feed(pending, out):
-        """The previous step's device tokens as this step's inputs, or None where they cannot
-        serve: every sequence must be a one-token decode of a request whose input is the
-        token that step sampled (its placeholder)."""
+        """-> (prev, wait): how this step gets its inputs while the previous one is still queued.
+        prev: (tokens, rows, tail) -- the leading sequences that are one-token decodes of a request
+        whose input is the token that step sampled (its placeholder) take it from the previous
+        step's device tokens (`rows`: the row of each, None where they are the first rows in
+        order); the rest -- a mixed step's prompt chunks, whose tokens the host has -- are `tail`,
+        the host token ids after them (None: none). prev None and no wait: no sequence needs a
+        placeholder (a step of prompt chunks only), the host has every input. wait: a sequence
+        after the tail needs a placeholder, or a tail sequence's request has one pending: the
+        step waits for the previous one (as it would without async scheduling)."""
         p_out, (toks, rows, *_), _ = pending
         if not rows:
-            return None
+            return None, True
         row_of = {id(p_out.seqs[i].req): j for j, i in enumerate(rows)}
-        idx = []
-        for s in out.seqs:
+        idx, tail = [], []
+        for k, s in enumerate(out.seqs):
             r = s.req
             j = row_of.get(id(r))
-            if j is None or s.n != 1 or r.pending is None or s.start != len(r.prompt) + r.pending:
-                return None
-            idx.append(j)
+            if j is not None and s.n == 1 and r.pending is not None and s.start == len(r.prompt) + r.pending \
+                    and len(idx) == k:
+                idx.append(j)
+            elif r.pending is None:
+                tail += r.tokens(s.start, s.start + s.n)
+            else:
+                return None, True
+        if not idx:
+            return None, False
+        tail = tail or None
         if idx == list(range(len(idx))):
-            return (toks if len(idx) == len(rows) else toks[:len(idx)]), None
-        return toks, idx
+            return ((toks if len(idx) == len(rows) else toks[:len(idx)]), None, tail), False
+        return (toks, idx, tail), False
 
     def close(self) -> None:
         """Drop the cache and graphs now (device memory back to the allocator), not at the next

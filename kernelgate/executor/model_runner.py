@@ -84,8 +84,9 @@ class ModelRunner:
     def launch(self, seqs: list, fresh: tuple, prev=None, cache_ops: CacheOps | None = None) -> Launched:
         """Queue one step without waiting for the device: seqs: [Scheduled]; fresh: (slots,
         blocks) to zero first; prev: None (the input tokens come from the requests), or the
-        previous step's sampled tokens on the device and, per seq, the row holding its input
-        token (None: the same rows) -- the step feeds them back unread; cache_ops: the prefix
+        previous step's sampled tokens on the device, per leading seq the row holding its input
+        token (None: the same rows) -- the step feeds them back unread -- and the host token ids
+        of the seqs after them (a mixed step's prompt chunks; None: none); cache_ops: the prefix
         cache's saves, restores and copies around the step."""
         reqs = [s.req for s in seqs]
         plan = StepPlan([s.n for s in seqs], [r.slot for r in reqs], [s.start for s in seqs],
@@ -95,10 +96,12 @@ class ModelRunner:
         if prev is None:
             plan.tokens = [t for s in seqs for t in s.req.tokens(s.start, s.start + s.n)]
         else:
-            tokens, rows = prev
+            tokens, rows, tail = prev
             tokens = tokens.clamp(min=0)       # -1 (non-finite row): that request ends; its input must still be an id
             if rows is not None:
                 tokens = tokens[alloc.upload(torch.tensor(rows, dtype=torch.long), tokens.device)]
+            if tail is not None:               # a mixed step's prompt chunks after its fed decodes
+                tokens = torch.cat([tokens, alloc.upload(torch.tensor(tail, dtype=tokens.dtype), tokens.device)])
         logits = self.run(plan, tokens)
         rows = [i for i, s in enumerate(seqs) if s.samples]
         if not rows:

@@ -1,5 +1,6 @@
 """Async scheduling: each step is queued before the last one's tokens are read, and a decode
-step takes the tokens the previous step sampled straight from the device. The token streams,
+step (or a mixed step's decodes) takes the tokens the previous step sampled straight from the
+device. The token streams,
 finish reasons and the cache left behind must equal the synchronous engine's, whatever ends a
 request (stop token seen one step late, max tokens, max_model_len, abort while a step is
 queued, non-finite logits), through joins, chunked prefill, preemption and seeded sampling."""
@@ -76,6 +77,55 @@ def test_async_equals_sync_sampling_chunked_preempted(model):
                                           num_cache_blocks=14)
     assert fed > 0 and asy == sync and ar == sr
     assert set(ar.values()) == {"length"} and all(len(t) == 10 for t in asy)
+
+
+def test_async_feeds_mixed_steps(model):
+    """A long prompt chunked beside decoding requests: each mixed step takes its decodes' inputs
+    from the device and its chunk's from the host, queued before the previous step is read (it
+    used to wait for it); tokens and finish reasons equal the synchronous engine's, a stop token
+    seen one step late included."""
+    g = torch.Generator().manual_seed(12)
+    prompts = _prompts(3, seed=12) + [torch.randint(0, 128, (40,), generator=g).tolist()]
+    free = Engine(model, max_model_len=64, block_size=4, async_scheduling=False)
+    ref, _, _ = _drive(free, prompts, [SamplingParams(max_new_tokens=10) for _ in prompts])
+    params = [SamplingParams(max_new_tokens=10, stop_token_ids=(r[3],)) for r in ref]
+    runs = []
+    for flag in (False, True):
+        eng = Engine(model, max_model_len=64, block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
+                     async_scheduling=flag)
+        mixed_fed, launch = [0], eng.runner.launch
+
+        def counting(seqs, fresh, prev=None, cache_ops=None, launch=launch, mixed_fed=mixed_fed):
+            mixed_fed[0] += prev is not None and prev[2] is not None
+            return launch(seqs, fresh, prev, cache_ops)
+        eng.runner.launch = counting
+        runs.append((*_drive(eng, prompts, params), mixed_fed[0]))
+    (sync, sr, _, _), (asy, ar, fed, mixed_fed) = runs
+    assert mixed_fed >= 3 and fed > mixed_fed, (fed, mixed_fed)
+    assert asy == sync and ar == sr and "stop" in ar.values()
+
+
+def test_async_prompt_only_step_queued_before_the_previous_is_read(model):
+    """A step of prompt chunks only needs nothing the previous step sampled: it is queued before
+    that step is read (one request finishes with its first token while the next prompt waits for
+    its slot), and the tokens equal the synchronous engine's."""
+    prompts = _prompts(3, seed=14)
+    params = [SamplingParams(max_new_tokens=1) for _ in prompts]
+    ref, _, _ = _drive(Engine(model, max_model_len=64, max_num_seqs=1, async_scheduling=False), prompts, params)
+    eng = Engine(model, max_model_len=64, max_num_seqs=1)
+    order, launch, resolve = [], eng.runner.launch, eng._resolve
+
+    def launching(*a, **k):
+        order.append("launch")
+        return launch(*a, **k)
+
+    def resolving(pending):
+        order.append("read")
+        return resolve(pending)
+    eng.runner.launch, eng._resolve = launching, resolving
+    got, reasons, _ = _drive(eng, prompts, params)
+    assert got == ref and set(reasons.values()) == {"length"}
+    assert order[:3] == ["launch", "launch", "read"], order
 
 
 def test_async_max_model_len_and_abort_while_queued(model):
