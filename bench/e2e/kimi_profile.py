@@ -100,6 +100,8 @@ def tail(model, spec, top, warm=False):
         t0 = time.perf_counter()
         if i == 2:   # a chunk in the middle of the prompt, profiled (its time includes the profiler's)
             kernels(sched.step, f"chunk step {per} tokens after {i * per} + {running} decodes", top, warm=False)
+        elif i == 3:  # and the next one's synchronizing calls (each stops the host running ahead)
+            print("syncs in a chunk step: " + "; ".join(f"{k} x{v}" for k, v in sync_sites(sched.step).items()))
         else:
             sched.step()
         torch.cuda.synchronize()
