@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kimi_e2e as e2e  # noqa: E402
+from device_spans import DeviceSpans  # noqa: E402
 
 
 def sync_sites(fn):
@@ -108,6 +109,19 @@ def tail(model, spec, top, warm=False):
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"\n## chunk steps of {per} tokens beside {running} decodes (ms, each reads the step before): "
           + ", ".join(f"{t:.1f}" for t in times))
+    # and as the engine runs them (async: host work overlapping the device), their device time
+    if not torch.cuda.is_available():
+        return
+    sched.add_request("long2", torch.randint(0, 1000, (L,), generator=g).tolist(), SamplingParams(max_new_tokens=4))
+    spans = DeviceSpans(sched)
+    t0 = time.perf_counter()
+    while any(k != "decode" for k, _, _, _ in spans.steps[-1:]) or not spans.steps:
+        sched.step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    tab = spans.table()
+    print(f"## the same prompt again, async: {wall:.1f} ms for {len(tab)} steps; device ms per step: "
+          + ", ".join(f"{k[0]}{n}:{ms:.1f}" for k, n, ms in tab))
     kernels(lambda: (sched.step(), sched.step()), f"tail step {n_tail} tokens after {L - n_tail} + {running} decodes, "
             "and the step after it", top, warm=False)
 

@@ -1,7 +1,8 @@
 """Pure prefill, mixed and decode steps side by side (issue 35): B prompts of --context tokens
 through `kernelgate.generate(timing=...)` on one reused engine, with the engine's own step kinds
-(`Timing.steps`): each kind's median step time, its tokens, and a mixed step's time against a
-pure prefill step of the same chunk. The budget (max_num_batched_tokens) sets the chunk.
+(`Timing.steps`): each kind's median step time (host interval between reads, and device time from
+CUDA events around the model step: device_spans.py), its tokens, and a mixed step's time against
+a pure prefill step of the same chunk. The budget (max_num_batched_tokens) sets the chunk.
 
     PYTHONPATH=. python bench/e2e/step_kinds.py --layers 27 --context 32768,131072 --batch 4
     PYTHONPATH=. python bench/e2e/step_kinds.py --tiny --device cpu --context 300 --budget 64   # smoke run
@@ -17,6 +18,8 @@ import statistics
 import time
 
 import torch
+
+from device_spans import DeviceSpans
 
 
 def flops_per_token(c, ctx: float) -> float:
@@ -64,26 +67,35 @@ def main() -> None:
     eng = kernelgate.Engine(model, max_num_seqs=a.batch, max_model_len=max(ctxs) + a.new,
                             max_num_batched_tokens=a.budget, enable_prefix_caching=False)
     warm_up(eng, log=lambda m: print(m, flush=True), every_shape=dev.type != "cpu")
-    print(f"| context | B | kind | steps | median s | median tokens | mixed / prefill | prompt tok/s | "
-          f"GFLOP/token | of {a.peak:.0f} TFLOP/s |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    spans = DeviceSpans(eng) if dev.type == "cuda" else None
+    print(f"| context | B | kind | steps | median s | median device s | median tokens | mixed / prefill (device) | "
+          f"prompt tok/s | GFLOP/token | of {a.peak:.0f} TFLOP/s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for ctx in ctxs:
         g = torch.Generator().manual_seed(ctx)
         prompts = [torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist() for _ in range(a.batch)]
         t = Timing()
+        if spans is not None:
+            spans.steps.clear()
         kernelgate.generate(model, prompts, max_new_tokens=a.new, stop_token_ids=(), timing=t, engine=eng)
-        by = {}
+        by, dev_by = {}, {}
         for kind, tokens, secs in t.steps:
             by.setdefault(kind, []).append((secs, tokens))
+        for kind, _, ms in (spans.table() if spans is not None else []):
+            dev_by.setdefault(kind, []).append(ms / 1e3)
         med = {k: statistics.median(s for s, _ in v) for k, v in by.items()}
+        dmed = {k: statistics.median(v) for k, v in dev_by.items()}
         fpt = flops_per_token(cfg, ctx / 2)
         rate = t.prefill_tokens / t.prefill_s if t.prefill_s else float("nan")
         for kind in ("prefill", "mixed", "decode"):
             if kind not in by:
                 continue
             ratio = f"{med['mixed'] / med['prefill']:.2f}" if kind == "mixed" and "prefill" in med else ""
+            if ratio and "mixed" in dmed and "prefill" in dmed:
+                ratio += f" ({dmed['mixed'] / dmed['prefill']:.2f})"
             tail = f"{rate:.0f} | {fpt / 1e9:.2f} | {rate * fpt / 1e12 / a.peak:.2f}" if kind == "prefill" else " | | "
-            print(f"| {ctx} | {a.batch} | {kind} | {len(by[kind])} | {med[kind]:.4f} | "
+            d = f"{dmed[kind]:.4f}" if kind in dmed else ""
+            print(f"| {ctx} | {a.batch} | {kind} | {len(by[kind])} | {med[kind]:.4f} | {d} | "
                   f"{statistics.median(n for _, n in by[kind])} | {ratio} | {tail} |", flush=True)
     eng.close()
 
