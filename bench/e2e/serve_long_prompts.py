@@ -78,15 +78,17 @@ def main() -> None:
     from kernelgate.cli.model import builtin_model
     model = builtin_model() if a.tiny else kernelgate.load_model(a.model)
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, model.config.vocab_size, (a.long,), generator=g).tolist() for _ in range(a.num_long)]
-    # warm: the same call once, so the timed one reuses generate()'s kept engine (an engine built
-    # inside the timed call -- its cache, graphs and warm-up -- would inflate the baseline)
-    kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, enable_prefix_caching=False)
+    warm, prompts = ([torch.randint(0, model.config.vocab_size, (a.long,), generator=g).tolist()
+                      for _ in range(a.num_long)] for _ in range(2))
+    # warm: the same call on other prompts, so the timed one reuses generate()'s kept engine (an
+    # engine built inside the timed call -- its cache, graphs and warm-up -- would inflate the
+    # baseline) and finds nothing of its prompts in the prefix cache, which is on as in the server
+    kernelgate.generate(model, warm, max_new_tokens=1, max_model_len=a.long + 64)
     from kernelgate.serving.drive import Timing
     t, t0 = Timing(), time.perf_counter()
-    kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, enable_prefix_caching=False,
-                        timing=t)
+    got = kernelgate.generate(model, prompts, max_new_tokens=1, max_model_len=a.long + 64, timing=t)
     offline = time.perf_counter() - t0
+    assert not any(r.num_cached_tokens for r in got), "the timed prompts hit the prefix cache"
     # the offline steps one by one: a step far above its neighbours is a first-use cost or a bad shape
     print("offline steps (kind tokens ms): " + ", ".join(f"{k[0]}{n}:{s * 1e3:.0f}" for k, n, s in t.steps), flush=True)
     print("\n| figure | value | against |\n|---|---:|---|")
