@@ -20,5 +20,6 @@ def planned_stand_in(monkeypatch, multiple: int = 4):
     stand_in.masked = []
     monkeypatch.setattr(M, "CUDNN_MULTIPLE", multiple)
     monkeypatch.setitem(M.LSE_KERNELS, "cudnn", stand_in)
+    monkeypatch.setitem(M.LSE_DTYPES, "cudnn", (torch.float32, torch.float16, torch.bfloat16))   # (any: fp32 math)
     monkeypatch.setitem(M.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
     return calls, stand_in

@@ -160,6 +160,9 @@ CUDNN_KEY_PAD = 0.75
 LSE_KERNELS = {"cudnn": _lse_cudnn, "flash": _lse_flash, "efficient": _lse_efficient, "cpu_flash": _lse_cpu_flash}
 # (by device type; ROCm's "cuda" tensors by the platform's name: no cuDNN there)
 LSE_ORDER = {"cuda": ("cudnn", "flash", "efficient"), "rocm": ("flash", "efficient"), "cpu": ("cpu_flash",)}
+# the dtypes a kernel takes at all (cuDNN's and FlashAttention-2's: half precision): others skip it
+# without a try (a refusal per call, and a warning, for a choice known ahead)
+LSE_DTYPES = {"cudnn": (torch.float16, torch.bfloat16), "flash": (torch.float16, torch.bfloat16)}
 
 
 def device_kind(q) -> str:
@@ -180,6 +183,8 @@ def attend_lse(q, k, v, scale, causal):
     for name in order:
         if name == "math":
             break
+        if q.dtype not in LSE_DTYPES.get(name, (q.dtype,)) and not FORCE_LSE:
+            continue
         fn = LSE_KERNELS[name]
         if name == "cudnn" and not FORCE_LSE:
             fn = planned(fn, q.shape[2], nk, causal, CUDNN_MULTIPLE)

@@ -115,6 +115,23 @@ def test_unmasked_piece_padded_keys_hidden_by_bias(monkeypatch):
     assert stand_in.masked == [(8, 8, 2)]                                            # 7 -> 8 queries, 6 -> 8 keys
 
 
+def test_lse_kernels_skipped_for_dtypes_they_never_take(monkeypatch):
+    """cuDNN's and FlashAttention-2's attention take half precision only: an fp32 piece skips them
+    without a call (no refusal per call, no FallbackWarning) and goes to the next kernel."""
+    from kernelgate.ops.mla import mla_prefill_sdpa as S
+
+    def never(*a, **k):
+        raise AssertionError("called with a dtype it never takes")
+    monkeypatch.setitem(S.LSE_KERNELS, "cudnn", never)
+    monkeypatch.setitem(S.LSE_ORDER, "cpu", ("cudnn", "cpu_flash"))
+    q, k, v = (torch.randn(1, 2, 8192, 8) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        o, lse = S.attend_lse(q, k, v, 0.3, False)
+    ro, rl = S._math_lse(q[:, :, :64], k, v, 0.3, False)
+    assert rel(o[:, :, :64], ro) < 1e-5 and (lse[:, :, :64] - rl).abs().max() < 1e-4
+
+
 def test_cudnn_plans_one_layout_for_padded_and_unpadded_queries():
     """cuDNN's plan cache keys on every stride: a query that is a view of the packed tokens
     and the same length padded (a copy) must reach it with the same strides."""
