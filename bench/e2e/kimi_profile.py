@@ -72,6 +72,28 @@ def kernels(fn, title, top=18, warm=True):
     print("sync/copy api calls: " + ", ".join(f"{e.key} x{e.count} ({e.cpu_time_total:.0f} us)" for e in syncs))
 
 
+def host_profile(fn, title, top=22):
+    """fn() under cProfile: the functions of most own host time, and kernelgate's of most total."""
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(pr)
+    print(f"\n### host: {title}: {(time.perf_counter() - t0) * 1e3:.1f} ms (under cProfile)")
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    print("| function | calls | own ms | total ms |\n|---|---:|---:|---:|")
+    for (f, line, name), (_, calls, own, total, _) in rows:
+        print(f"| {f.split('/')[-1]}:{line}({name}) | {calls} | {own * 1e3:.2f} | {total * 1e3:.2f} |")
+    ours = sorted(((k, v) for k, v in st.stats.items() if "kernelgate" in k[0]), key=lambda kv: -kv[1][3])[:top]
+    print("| kernelgate function | calls | own ms | total ms |\n|---|---:|---:|---:|")
+    for (f, line, name), (_, calls, own, total, _) in ours:
+        print(f"| {f.split('kernelgate/')[-1]}:{line}({name}) | {calls} | {own * 1e3:.2f} | {total * 1e3:.2f} |")
+
+
 def tail(model, spec, top, warm=False):
     """The step that ends a long prompt: its last TAIL tokens after CTX cached ones, beside RUNNING
     decoding streams (what a served long prompt's last chunk looks like), against the chunk steps
@@ -103,6 +125,8 @@ def tail(model, spec, top, warm=False):
             kernels(sched.step, f"chunk step {per} tokens after {i * per} + {running} decodes", top, warm=False)
         elif i == 3:  # and the next one's synchronizing calls (each stops the host running ahead)
             print("syncs in a chunk step: " + "; ".join(f"{k} x{v}" for k, v in sync_sites(sched.step).items()))
+        elif i == 1:  # where the host's time goes (Python functions, cProfile: its overhead included)
+            host_profile(sched.step, f"chunk step {per} tokens after {i * per} + {running} decodes")
         else:
             sched.step()
         torch.cuda.synchronize()
@@ -115,7 +139,7 @@ def tail(model, spec, top, warm=False):
     sched.add_request("long2", torch.randint(0, 1000, (L,), generator=g).tolist(), SamplingParams(max_new_tokens=4))
     spans = DeviceSpans(sched)
     t0 = time.perf_counter()
-    while any(k != "decode" for k, _, _, _ in spans.steps[-1:]) or not spans.steps:
+    for _ in range(ctx // per + 8):          # (the first long prompt's last decodes, then all of long2's chunks)
         sched.step()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3
