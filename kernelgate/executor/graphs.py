@@ -32,7 +32,7 @@ import torch
 
 from .. import alloc, envs
 from ..registry import FallbackWarning, checked
-from ..models.batch import StepBatch
+from ..models.batch import StepBatch, padded_rows
 
 MIN_CONTEXT = 128
 
@@ -159,9 +159,8 @@ class DecodeGraphs:
         if graph is None:
             return None
         nb, width = graph.nb, graph.width
-        rows = [list(t[:width]) + [0] * (width - len(t[:width])) for t in tables] + [[0] * width] * (nb - len(tables))
-        lens = [s + 1 for s in starts] + [0] * (nb - len(starts))
-        up = alloc.upload(torch.tensor([b for r in rows for b in r] + lens, dtype=torch.int32), self.table.device)
+        lens = torch.tensor([s + 1 for s in starts] + [0] * (nb - len(starts)), dtype=torch.int32)
+        up = alloc.upload(torch.cat([padded_rows(tables, nb, width).view(-1), lens]), self.table.device)
         return up[:nb * width].view(nb, width), up[nb * width:]
 
     def _context(self, starts: list) -> int:

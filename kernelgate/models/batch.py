@@ -13,10 +13,29 @@ fields are host copies, handed to ops as hints so that no op needs a device->hos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 
 from .. import alloc
+
+
+def padded_rows(tables: list, rows: int, width: int) -> torch.Tensor:
+    """int32 [rows, width] on the CPU: row i holds the first `width` entries of tables[i], zeros
+    after them and in the rows past len(tables). Built from the entries alone (a server's step
+    holds a few 32k-token sequences among many short ones: padding every row in Python cost
+    milliseconds a step)."""
+    lens = [min(len(t), width) for t in tables]
+    out = torch.zeros(rows * width, dtype=torch.int32)
+    total = sum(lens)
+    if total:
+        flat = torch.tensor(list(chain.from_iterable(t if len(t) <= width else t[:width] for t in tables)),
+                            dtype=torch.int32)
+        n = torch.tensor(lens)
+        row = torch.repeat_interleave(torch.arange(len(tables)), n)
+        col = torch.arange(total) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+        out[row * width + col] = flat
+    return out.view(rows, width)
 
 
 @dataclass
@@ -86,13 +105,22 @@ class StepBatch:
         seq_lens = [s + n for s, n in zip(starts, lengths)]
         tables = block_tables or [[] for _ in range(N)]
         width = max((len(t) for t in tables), default=0)
-        flat_table = [b for t in tables for b in list(t) + [0] * (width - len(t))]
-        mapping = []
-        if block_tables is not None:
-            for t, s, n in zip(tables, starts, lengths):
-                mapping.extend(t[p // block_size] * block_size + p % block_size for p in range(s, s + n))
-        sizes = [N + 1, N, N, N, N * width, len(mapping)]
-        host = torch.tensor(cu + list(slots) + list(starts) + seq_lens + flat_table + mapping, dtype=torch.int32)
+        table = padded_rows(tables, N, width).view(-1)
+        T = cu[-1]
+        if block_tables is not None and T:
+            for t, s, n in zip(tables, seq_lens, lengths):
+                if n and -(-s // block_size) > len(t):
+                    raise ValueError(f"StepBatch: a block table of {len(t)} blocks of {block_size} does not cover "
+                                     f"{s} positions")
+            # the cache row of every new token: its sequence's block at position p // block_size
+            n = torch.tensor(lengths)
+            seq = torch.repeat_interleave(torch.arange(N), n, output_size=T)
+            pos = torch.tensor(starts)[seq] + torch.arange(T) - torch.tensor(cu[:-1])[seq]
+            mapping = (table[seq * width + pos // block_size] * block_size + pos % block_size).to(torch.int32)
+        else:
+            mapping = torch.zeros(0, dtype=torch.int32)
+        sizes = [N + 1, N, N, N, N * width, mapping.numel()]
+        host = torch.cat([torch.tensor(cu + list(slots) + list(starts) + seq_lens, dtype=torch.int32), table, mapping])
         cu_d, slots_d, starts_d, lens_d, table_d, map_d = alloc.upload(host, device).split(sizes)
         cu_c, slots_c, _, lens_c, _, _ = host.split(sizes)
         return cls(cu_seqlens=cu_d, slots=slots_d, starts=list(starts), lengths=list(lengths),
