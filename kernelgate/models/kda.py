@@ -39,14 +39,16 @@ class KimiDeltaAttention(nn.Module):
         self.conv1d.weight = _param(3 * H * K, c.conv_kernel_size)  # [3HK, W] depthwise taps
         mark(self.conv1d, "weight", 0, 3)
         self.f_a_proj = nn.Linear(D, K, bias=False)
-        self.f_b_proj = column(K, H * K * par.size, par, "KDA f_b")
+        # f_b / g_b ([HK, K], 1 MB each in bf16) stay in the model dtype in an FP8 model too: at one
+        # token two FP8 launches cost more than the one batched matmul below reads
+        self.f_b_proj = column(K, H * K * par.size, par, "KDA f_b", quantize=False)
         self.dt_bias = _param(H * K, dtype=torch.float32)
         self.A_log = _param(H, dtype=torch.float32)
         mark(self, "dt_bias", 0)
         mark(self, "A_log", 0)
         self.b_proj = column(D, H * par.size, par, "KDA b")
         self.g_a_proj = nn.Linear(D, K, bias=False)
-        self.g_b_proj = column(K, H * K * par.size, par, "KDA g_b")
+        self.g_b_proj = column(K, H * K * par.size, par, "KDA g_b", quantize=False)
         self.o_norm = nn.Module()
         self.o_norm.weight = _param(K)
         self.o_proj = row(H * K * par.size, D, par, "KDA o")
@@ -64,11 +66,8 @@ class KimiDeltaAttention(nn.Module):
         state = cache.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
         y = quant.linear(x, self, "in_proj")                        # [T, 3HK + K + K + H]
         mixed, fg_a, b = y.split([3 * H * K, 2 * K, H], dim=-1)     # q|k|v, f_a|g_a, beta logits
-        if quant.is_fp8(self.up_proj):                              # FP8 codes: one fp8_linear each
-            f, gate = self.f_b_proj(fg_a[:, :K]), self.g_b_proj(fg_a[:, K:]).view(T, H, K)
-        else:
-            fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
-            f, gate = fg[0], fg[1].view(T, H, K)                    # raw decay input, output gate
+        fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
+        f, gate = fg[0], fg[1].view(T, H, K)                        # raw decay input, output gate
         d = T if batch.decode else batch.leading_decodes
         if d == T:
             o = self._decode(mixed, f, b, conv_state, state, batch.slots)

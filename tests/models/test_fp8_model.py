@@ -110,13 +110,16 @@ def test_block_checkpoint_loads_fp8_and_equals_its_dequantized_twin(ckpts):
               "model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.shared_experts.down_proj.weight"):
         assert p[n].dtype == FP8, n
     assert p["model.layers.1.mlp.experts.gate_up_proj_scale_inv"].shape == (4, 4, 2)
-    # kept as they are: router, decay, norms, embeddings, lm_head; MLA's kv_b is dequantized (read as a tensor)
+    # kept as they are: router, decay, norms, embeddings, lm_head; dequantized where the checkpoint
+    # has codes: MLA's kv_b (read as a tensor), KDA's f_b / g_b (one batched matmul, 1 MB each)
+    kept = ("model.layers.1.self_attn.kv_b_proj.weight", "model.layers.0.self_attn.f_b_proj.weight",
+            "model.layers.0.self_attn.g_b_proj.weight")
     for n in ("model.layers.1.mlp.gate.weight", "model.layers.0.self_attn.A_log", "lm_head.weight",
-              "model.embed_tokens.weight", "model.layers.1.self_attn.kv_b_proj.weight"):
+              "model.embed_tokens.weight", *kept):
         assert p[n].dtype == torch.float32, n
     twin = load_model(ckpts["twin"], dtype=torch.float32)
-    assert torch.equal(p["model.layers.1.self_attn.kv_b_proj.weight"],
-                       params(twin)["model.layers.1.self_attn.kv_b_proj.weight"])
+    for n in kept:
+        assert torch.equal(p[n], params(twin)[n]), n
     assert rel_err(m(IDS), twin(IDS)) < 1e-5
 
 
