@@ -152,6 +152,40 @@ def test_sampling_distribution_follows_probs():
     assert torch.allclose(freq[:3], torch.tensor([0.6, 0.3, 0.1]), atol=0.04) and freq[3] == 0
 
 
+def test_batched_sampling_follows_each_rows_filtered_distribution():
+    """Rows of one call with different settings (greedy, temperature, top-k, top-p, both) are
+    filtered and drawn together: each row's frequencies follow softmax(filter_logits(row)), the
+    single-row definition; a non-finite row gives -1 and still draws."""
+    from kernelgate.executor.sampling import make_generator, sample
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1, 1e-9]])).repeat(6, 1)
+    logits[5, 2] = float("nan")
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.5, top_k=2), SamplingParams(temperature=1.0, top_p=0.7),
+              SamplingParams(temperature=2.0, top_k=3, top_p=0.8), SamplingParams(temperature=1.0)]
+    gens = [make_generator(i, "cpu") for i in range(6)]
+    draws = torch.tensor([sample(logits, params, gens) for _ in range(4000)])      # [4000, 6]
+    assert (draws[:, 0] == 0).all() and (draws[:, 5] == -1).all()
+    for r in range(1, 5):
+        p = params[r]
+        want = torch.softmax(filter_logits(logits[r], p.temperature, p.top_k, p.top_p), dim=-1)
+        freq = torch.bincount(draws[:, r], minlength=5).float() / len(draws)
+        assert torch.allclose(freq, want, atol=0.03) and (freq[want == 0] == 0).all(), (r, freq, want)
+
+
+def test_a_rows_draws_do_not_depend_on_the_other_rows():
+    """A seeded request draws the same tokens alone and among other sampled rows."""
+    from kernelgate.executor.sampling import make_generator, sample
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 50, generator=g)
+    p = SamplingParams(temperature=0.9, top_p=0.9, seed=5)
+    ga, gb = make_generator(5, "cpu"), make_generator(5, "cpu")
+    alone = [sample(logits[1:2], [p], [ga])[0] for _ in range(20)]
+    others = [SamplingParams(temperature=1.0, top_k=3), p, SamplingParams(), SamplingParams(temperature=1.5)]
+    gens = [make_generator(7, "cpu"), gb, make_generator(8, "cpu"), make_generator(9, "cpu")]
+    batched = [sample(logits, others, gens)[1] for _ in range(20)]
+    assert alone == batched
+
+
 def test_errors(model):
     with pytest.raises(KernelgateError, match="top_p must be in"):
         SamplingParams(top_p=0.0)
