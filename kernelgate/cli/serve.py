@@ -67,16 +67,23 @@ def _server(config, aengine, timeout: float):
 def build_engine(args):
     """The engine `serve` runs, built and warmed up (in the engine process unless
     --no-engine-process); -> (engine, what the server needs to know of the model)."""
+    import torch
+
     from ..engine.engine import Engine
+    from ..platform import default_device
+    from ..serving import host_threads
     from ..serving.warmup import warm_up
     from .model import load
     flags.apply_env()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+    def say(m):
+        print(f"kernelgate serve: {m}", file=sys.stderr, flush=True)
+    host_threads.apply(torch.device(args.device) if args.device else default_device(), log=say)
     model, source = load(args)
     engine = Engine(model, flags.engine_config(args))
     # every shape a step may meet, where kernels are compiled and autotuned per shape (not on a CPU)
-    warm_up(engine, log=lambda m: print(f"kernelgate serve: {m}", file=sys.stderr, flush=True),
-            every_shape=model.device.type != "cpu")
+    warm_up(engine, log=say, every_shape=model.device.type != "cpu")
     return engine, {"source": source, "vocab_size": model.config.vocab_size,
                     "eos_token_ids": list(model.config.eos_token_ids)}
 

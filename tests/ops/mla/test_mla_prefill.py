@@ -206,8 +206,9 @@ def test_last_chunk_token_matches_decode():
     q = torch.cat([pb.q_nope, pb.q_rope], dim=-1).float()
     o = registry.get(OP)(q, pb.cache, pb.table, pb.cu, pb.seq_lens, w_kv, pb.scale, 16)
     last = pb.cu[1:].long() - 1
-    o_lat = registry.get("mla_decode")(pb.absorbed_q(torch.float32)[last], pb.cache, pb.table, pb.seq_lens,
-                                       pb.scale, 32)
+    dev = platform.default_device()                # (mla_decode's kernels on a GPU take device tensors)
+    o_lat = registry.get("mla_decode")(pb.absorbed_q(torch.float32)[last].to(dev), pb.cache.to(dev),
+                                       pb.table.to(dev), pb.seq_lens.to(dev), pb.scale, 32).cpu()
     assert rel(torch.einsum("thr,hvr->thv", o_lat.double(), pb.w_uv), o[last].double()) < 1e-5
 
 
