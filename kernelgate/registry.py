@@ -36,6 +36,21 @@ class FallbackWarning(UserWarning):
     """An implementation declared for this platform could not run; a slower one was used."""
 
 
+# providers whose implementations are torch code, which runs on whatever device its tensors are on;
+# every other one launches kernels on the platform's device: an op whose data (its first tensor
+# argument) is elsewhere -- host tensors on a GPU machine -- goes to one that runs there (a Triton
+# launch would fail on the pointer). Metadata tensors (lengths) may stay on the host by design.
+HOST_PROVIDERS = frozenset({"native", "torch"})
+
+
+def _off_device(device: str, args: tuple, kwargs: dict) -> str | None:
+    """Where the call's first tensor argument lives, if not on `device` (None: there, or no tensor)."""
+    for where, a in [*((f"argument {i}", a) for i, a in enumerate(args)), *kwargs.items()]:
+        if isinstance(a, torch.Tensor):
+            return None if a.device.type == device else f"{where} is a {a.device.type} tensor"
+    return None
+
+
 @dataclass
 class Impl:
     op: "Op"
@@ -93,6 +108,11 @@ class Impl:
         reason = self.unavailable(plat)
         if reason:
             return reason
+        if args is not None and self.provider not in HOST_PROVIDERS and plat.device != "cpu" \
+                and plat.triton_mode != "interpreter":      # (the interpreter runs on host tensors)
+            elsewhere = _off_device(plat.device, args, kwargs)
+            if elsewhere:
+                return f"{elsewhere}: its kernels take {plat.device} tensors"
         if self.dtypes is not None and args is not None:  # doctor (no args) checks static facts only
             dt = self.op.dtype_of(args, kwargs)
             if dt is not None and dt not in self.dtypes:

@@ -324,3 +324,24 @@ def test_preload_imports_this_platforms_implementations_in_the_background():
         ok = all(plat_mod.library_reason(r) is None for r in impl.requires if r not in ("triton", "triton-compiled"))
         if ok and not (set(impl.requires) & {"triton", "triton-compiled"} and plat.triton):
             assert impl._resolved is not None or impl._resolve_error, f"{impl.op.name}/{impl.name} not imported"
+
+
+def test_device_kernels_refuse_data_on_another_device(make_op):
+    # on a GPU machine an op handed host data goes to an implementation that runs on the host
+    # (a Triton launch would fail on the pointer); torch code takes tensors anywhere; lengths
+    # that stay on the host (metadata after the data) are no reason
+    import dataclasses
+
+    from kernelgate import platform
+    op = make_op("dev", scale_ref)
+    kern = op.implementation("kern", tagged("kern"), provider="triton", platforms=ALL_PLATFORMS, priority=10)
+    torch_impl = op.implementation("eager", tagged("eager"), provider="torch", platforms=ALL_PLATFORMS, priority=5)
+    gpu = dataclasses.replace(platform.current(), device="cuda", triton_mode="compiled")
+    x = torch.ones(2, 4)
+    assert kern.rejects(gpu, (x,), {}) == "argument 0 is a cpu tensor: its kernels take cuda tensors"
+    assert kern.rejects(gpu, (), {"x": x}) == "x is a cpu tensor: its kernels take cuda tensors"
+    assert kern.rejects(gpu, (2.0, torch.empty(2, device="meta"), x), {}).startswith("argument 1 is a meta tensor")
+    assert torch_impl.rejects(gpu, (x,), {}) is None and op.impls["native"].rejects(gpu, (x,), {}) is None
+    assert kern.rejects(gpu, (x.to("meta"),), {}).startswith("argument 0 is a meta") and kern.rejects(gpu, (), {}) is None
+    assert kern.rejects(dataclasses.replace(gpu, device="cpu"), (x,), {}) is None        # a CPU machine
+    assert kern.rejects(dataclasses.replace(gpu, triton_mode="interpreter"), (x,), {}) is None   # TRITON_INTERPRET=1
