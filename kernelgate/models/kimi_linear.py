@@ -2,7 +2,8 @@
 
 `model.step(tokens, batch, cache)` runs one engine step over a varlen batch (prefill chunks
 and / or decodes, states and latents in a `KVCache`) and returns the logits of each sequence's last token;
-`model(token_ids[B, T])` is a plain full-sequence forward returning logits [B, T, V].
+`model(token_ids[B, T])` is a plain full-sequence forward returning logits [B, T, V] (both from
+causal_lm.py: this file is the layers and the cache).
 Built only from registry ops and plain torch: no platform branch here.
 """
 from __future__ import annotations
@@ -12,13 +13,13 @@ from torch import nn
 
 from .batch import StepBatch
 from .cache import KVCache, block_bytes, slot_bytes
-from ..errors import KernelgateError
+from .causal_lm import CausalLM, build_model
 from .config import KimiLinearConfig
 from .kda import KimiDeltaAttention
 from .layers import MLP, MoE, RMSNorm
 from .mla import MLAttention
 from . import quant
-from .parallel import SINGLE, Parallel, VocabEmbedding, column, materialize
+from .parallel import SINGLE, Parallel, VocabEmbedding
 
 
 class DecoderLayer(nn.Module):
@@ -49,24 +50,9 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
-class KimiLinearForCausalLM(nn.Module):
+class KimiLinearForCausalLM(CausalLM):
     def __init__(self, config: KimiLinearConfig, par: Parallel = SINGLE):
-        """par: this process's rank of a tensor-parallel group (kernelgate.models.parallel);
-        the vocabulary-parallel logits are gathered, so step() / forward() return all of V."""
-        super().__init__()
-        self.config, self.par = config, par
-        self.model = Backbone(config, par)
-        self.lm_head = column(config.hidden_size, config.vocab_size, par, "vocab_size", quantize=False)
-        self.tokenizer = None
-        self.requires_grad_(False)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        super().__init__(config, Backbone(config, par), par)
 
     def new_cache(self, num_slots: int, num_blocks: int, block_size: int, num_snapshots: int = 0) -> KVCache:
         return KVCache(self.config, num_slots, num_blocks, block_size, self.device, self.dtype, self.par.size,
@@ -80,40 +66,12 @@ class KimiLinearForCausalLM(nn.Module):
         """Bytes of one sequence's recurrent + conv states over all KDA layers (this rank's heads)."""
         return slot_bytes(self.config, self.dtype, self.par.size)
 
-    @property
-    def tp_size(self) -> int:
-        return self.par.size
-
     def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         """tokens [T] packed -> final normed hidden states [T, D]."""
         h, residual = self.model.embed_tokens(tokens), None
         for layer in self.model.layers:
             h, residual = layer(h, residual, batch, cache)
         return self.model.norm(h, residual)[0] if residual is not None else self.model.norm(h)
-
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, batch: StepBatch, cache: KVCache) -> torch.Tensor:
-        """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
-        h = self.hidden(tokens, batch, cache)
-        return self.par.gather_last(self.lm_head(h[batch.last_token_index]).float())
-
-    @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids [B, T] (each row one sequence, no padding) -> logits [B, T, V] in model dtype."""
-        if token_ids.dim() != 2 or token_ids.shape[1] == 0:
-            raise KernelgateError(f"KimiLinearForCausalLM: token_ids must be [B, T] with T >= 1, "
-                                  f"got shape {tuple(token_ids.shape)}")
-        B, T = token_ids.shape
-        token_ids = token_ids.to(self.device)
-        bs = T                       # one block per sequence: a throw-away cache of exactly T positions
-        nb = 1
-        cache = self.new_cache(B, B * nb, bs)
-        tables = [list(range(i * nb, (i + 1) * nb)) for i in range(B)]
-        batch = StepBatch.build([T] * B, list(range(B)), [0] * B, self.device, tables, bs)
-        if T == 1:   # a one-token forward is a prefill, not a decode step from existing state
-            batch.decode = False
-        h = self.hidden(token_ids.reshape(-1), batch, cache)
-        return self.par.gather_last(self.lm_head(h)).view(B, T, -1)
 
 
 def random_weights(model: KimiLinearForCausalLM, seed: int = 0, std: float = 0.02) -> KimiLinearForCausalLM:
@@ -149,22 +107,9 @@ FP32_PARAMS = ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")
 
 def build(config: KimiLinearConfig, device=None, dtype=torch.float32, seed: int | None = 0,
           par: Parallel = SINGLE, quantization=None):
-    """A model with `config`; seeded random weights unless seed is None (then uninitialised).
-    Every parameter is allocated once, in its final dtype, on `device` (router / decay
-    parameters in fp32: FP32_PARAMS): no fp32 or host copy of the model is ever made.
-    par: build this rank's shard (parameters at their shard's size; fill it with the loader).
-    quantization: "fp8" (or a quant.Fp8): projections and experts as FP8 codes + scales, activations
-    in `dtype` (models/quant.py)."""
-    fp8 = quant.scheme(quantization)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
-    device = torch.device(device or "cpu")
-    with torch.device("meta"):
-        model = KimiLinearForCausalLM(config, par)
-    if fp8 is not None:
-        quant.convert(model, fp8)
-    materialize(model, dtype, device, FP32_PARAMS)
-    if seed is not None:
-        with torch.no_grad():
-            random_weights(model, seed)
-    return model.eval()
+    """A model with `config`; seeded random weights unless seed is None (then uninitialised), every
+    parameter allocated once in its final dtype on `device` (router / decay parameters in fp32:
+    FP32_PARAMS; causal_lm.build_model). par: build this rank's shard (parameters at their shard's
+    size; fill it with the loader). quantization: "fp8" (or a quant.Fp8): projections and experts
+    as FP8 codes + scales, activations in `dtype` (models/quant.py)."""
+    return build_model(KimiLinearForCausalLM, config, device, dtype, seed, par, quantization, FP32_PARAMS, random_weights)

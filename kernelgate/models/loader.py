@@ -34,6 +34,7 @@ from ..platform import default_device
 from . import qwen3_next
 from .config import KimiLinearConfig
 from . import quant, quant_load
+from .causal_lm import CausalLM
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
 from .parallel import SINGLE, Parallel, shard_specs
 from .qwen3_next_config import Qwen3NextConfig
@@ -362,7 +363,7 @@ def _row_pieces(name: str, p, spec, par: Parallel, src_shape: tuple, idx: tuple,
     return out
 
 
-def load_weights(model: KimiLinearForCausalLM, source) -> None:
+def load_weights(model: CausalLM, source) -> None:
     """Fill the model's parameters from a checkpoint folder, or a dict of tensors in either
     layout, one source tensor at a time straight into its parameter (or slice of one). A
     tensor-parallel shard (model.par) reads only its rows / columns of each tensor. The FP8
@@ -387,7 +388,7 @@ def _open(source):
     return ckpt
 
 
-def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
+def _fill(model: CausalLM, ckpt) -> None:
     specs = shard_specs(model)
     plan = _plan(model, ckpt)
     fp8, fmt, checks = quant.fp8_params(model), getattr(ckpt, "fp8", None), []
@@ -416,7 +417,7 @@ def _fill(model: KimiLinearForCausalLM, ckpt) -> None:
     quant_load.check_finite(checks, ckpt.folder)
 
 
-def _fp8_in_checkpoint(model: KimiLinearForCausalLM, ckpt) -> set:
+def _fp8_in_checkpoint(model: CausalLM, ckpt) -> set:
     """Parameters of a (meta) model whose checkpoint tensors are all e4m3: a published FP8 one's."""
     specs, out = shard_specs(model), set()
     for name, p in model.named_parameters():
@@ -524,7 +525,7 @@ def load_model(path, device=None, dtype=None, par: Parallel = SINGLE, quantizati
     return model
 
 
-def save_checkpoint(model: KimiLinearForCausalLM, folder) -> Path:
+def save_checkpoint(model: CausalLM, folder) -> Path:
     """Write a (single-process) model as config.json + model.safetensors in this package's own
     parameter names, which load_model reads back (whole, or one shard per rank)."""
     from safetensors.torch import save_file

@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import KernelgateError
 from . import quant
 from .batch import StepBatch
 from .cache import LayerCache, spec_bytes
+from .causal_lm import CausalLM, build_model
 from .gated_attention import GatedAttention, rotary
 from .gdn import GatedDeltaNet
 from .layers import MLP, OffsetRMSNorm
-from .parallel import SINGLE, Parallel, VocabEmbedding, column, materialize
+from .parallel import SINGLE, Parallel, VocabEmbedding
 from .qwen3_next_config import Qwen3NextConfig
 from .qwen_moe import SparseMoE
 
@@ -57,28 +57,9 @@ class Backbone(nn.Module):
         self.norm = OffsetRMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(CausalLM):
     def __init__(self, config: Qwen3NextConfig, par: Parallel = SINGLE):
-        """par: this process's rank of a tensor-parallel group (kernelgate.models.parallel);
-        the vocabulary-parallel logits are gathered, so step() / forward() return all of V."""
-        super().__init__()
-        self.config, self.par = config, par
-        self.model = Backbone(config, par)
-        self.lm_head = column(config.hidden_size, config.vocab_size, par, "vocab_size", quantize=False)
-        self.tokenizer = None
-        self.requires_grad_(False)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def tp_size(self) -> int:
-        return self.par.size
+        super().__init__(config, Backbone(config, par), par)
 
     def cache_specs(self, dtype: torch.dtype | None = None) -> tuple:
         """(slot_specs, block_specs) of the LayerCache: per GDN layer its recurrent state
@@ -124,25 +105,6 @@ class Qwen3NextForCausalLM(nn.Module):
             h, residual = layer(h, residual, batch, cache, rope)
         return self.model.norm(h, residual)[0]
 
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor, batch: StepBatch, cache: LayerCache) -> torch.Tensor:
-        """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
-        h = self.hidden(tokens, batch, cache)
-        return self.par.gather_last(self.lm_head(h[batch.last_token_index]).float())
-
-    @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids [B, T] (each row one sequence, no padding) -> logits [B, T, V] in model dtype."""
-        if token_ids.dim() != 2 or token_ids.shape[1] == 0:
-            raise KernelgateError(f"Qwen3NextForCausalLM: token_ids must be [B, T] with T >= 1, "
-                                  f"got shape {tuple(token_ids.shape)}")
-        B, T = token_ids.shape
-        cache = self.new_cache(B, B, T)          # one block of exactly T positions per sequence
-        batch = StepBatch.build([T] * B, list(range(B)), [0] * B, self.device, [[i] for i in range(B)], T)
-        batch.decode = False                     # a one-token forward is a prefill, not a decode step
-        h = self.hidden(token_ids.to(self.device).reshape(-1), batch, cache)
-        return self.par.gather_last(self.lm_head(h)).view(B, T, -1)
-
 
 def random_weights(model: Qwen3NextForCausalLM, seed: int = 0, std: float = 0.02) -> Qwen3NextForCausalLM:
     """Seeded random weights shaped like a trained checkpoint (zero-centred norms near 0, GDN
@@ -175,23 +137,11 @@ FP32_PARAMS = ("A_log", "dt_bias", "mlp.gate.weight")
 
 def build(config: Qwen3NextConfig, device=None, dtype=torch.float32, seed: int | None = 0,
           par: Parallel = SINGLE, quantization=None) -> Qwen3NextForCausalLM:
-    """A model with `config`; seeded random weights unless seed is None (then uninitialised).
-    Every parameter is allocated once, in its final dtype, on `device` (router and decay
-    parameters in fp32: FP32_PARAMS). quantization: "fp8" (or a quant.Fp8): projections and
+    """A model with `config`; seeded random weights unless seed is None (then uninitialised), every
+    parameter allocated once in its final dtype on `device` (router and decay parameters in fp32:
+    FP32_PARAMS; causal_lm.build_model). quantization: "fp8" (or a quant.Fp8): projections and
     experts as FP8 codes + scales, activations in `dtype` (models/quant.py)."""
-    fp8 = quant.scheme(quantization)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise KernelgateError(f"build: dtype must be a floating point torch.dtype, got {dtype!r}")
-    device = torch.device(device or "cpu")
-    with torch.device("meta"):
-        model = Qwen3NextForCausalLM(config, par)
-    if fp8 is not None:
-        quant.convert(model, fp8)
-    materialize(model, dtype, device, FP32_PARAMS)
-    if seed is not None:
-        with torch.no_grad():
-            random_weights(model, seed)
-    return model.eval()
+    return build_model(Qwen3NextForCausalLM, config, device, dtype, seed, par, quantization, FP32_PARAMS, random_weights)
 
 
 def recipes(name: str, shape: tuple, c: Qwen3NextConfig) -> list:
