@@ -5,22 +5,27 @@ import warnings
 import pytest
 import torch
 
-from kernelgate import KernelgateError, forcing, ops, registry
+from kernelgate import KernelgateError, forcing, ops, platform, registry
 from kernelgate.cli import ops as cli_ops
 from kernelgate.registry import ALL_PLATFORMS, GPU_TRITON, FallbackWarning
 
 
 @pytest.fixture
 def make_op(monkeypatch):
-    """Declare throwaway ops; they are removed from the registry (and its trace) afterwards."""
+    """Declare throwaway ops; they are removed from the registry (and its trace) afterwards.
+    Dispatch decides as on a CPU machine (the platform CI runs on), so on a GPU machine these
+    host-tensor calls are not refused by the kernels-take-device-tensors rule (tested below)."""
     made = []
     monkeypatch.setattr(registry, "_warned", set())
+    sim = platform.simulate("cpu")
+    sim.__enter__()
 
     def make(name, reference, **kw):
         op = registry.declare(f"_test_{name}", reference, **kw)
         made.append(op.name)
         return op
     yield make
+    sim.__exit__(None, None, None)
     for name in made:
         registry.OPS.pop(name, None)
         registry._plan.pop(name, None)
