@@ -174,3 +174,22 @@ def test_simulated_xpu_dispatches_to_triton(T, impl):
         chosen = [i.name for i, why in OP.explain(args, {}) if why is None]
         assert chosen == [impl]
         assert_close(OP(*args), OP.reference(*args), 1e-5)
+
+
+def test_block_m_grows_with_rows_per_expert():
+    from kernelgate.ops.moe.fused_experts_triton import block_m_for
+    # (bucket of pairs, experts) -> rows per block: decode 16, then 32, 64, and 128 from ~128 rows per expert
+    assert [block_m_for(p, 256) for p in (16, 2048, 4096, 32768, 65536, 131072)] == [16, 16, 32, 64, 128, 128]
+    assert block_m_for(131072, 256, largest=64) == 64   # (the FP8 grouped GEMM stays at 64)
+
+
+@triton_here
+def test_grouped_gemm_with_blocks_of_128_rows_matches_native():
+    """A prefill-sized bucket (512 pairs over 2 experts) takes BLOCK_M 128: every row block, the
+    padded last one of each expert included, against the native reference in fp32."""
+    from kernelgate.ops.moe.fused_experts_triton import fused_experts_triton, route
+    (x, w_gate_up, w_down, topk_w, topk_ids), _ = make_inputs(
+        150, 64, 32, 2, 2, torch.float32, "cpu", torch.Generator().manual_seed(3))
+    assert route(topk_ids, 2).block_m == 128
+    want = OP.impls["native"].callable()(x, w_gate_up, w_down, topk_w, topk_ids)
+    assert_close(fused_experts_triton(x, w_gate_up, w_down, topk_w, topk_ids), want, 1e-5, what="BLOCK_M 128")
