@@ -76,6 +76,8 @@ def main() -> None:
                 Path(a.trace).mkdir(parents=True, exist_ok=True)
                 Path(a.trace, f"long-prompts{'' if r == 0 else f'-{r + 1}'}.log").write_text("\n".join(lines))
         short = json.loads(shorts.communicate()[0].strip().splitlines()[-1])
+        late = [ln.strip() for ln in open(log) if "built during serving" in ln]   # (serving/late_compiles.py)
+        print(f"kernels the server built after its warm-up: {len(late)}", *late[:20], sep="\n  ", flush=True)
     finally:
         srv.terminate()
         srv.wait(60)

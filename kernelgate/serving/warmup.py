@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .. import kernel_cache
+from . import late_compiles
 from ..version import __version__
 from ..engine.engine import freeze_heap
 from ..engine.params import SamplingParams
@@ -57,6 +58,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     if getattr(engine, "_froze", False):
         freeze_heap()     # what the warm-up built (graphs, compiled kernels) is long-lived too
     log(f"kernels ready in {secs:.1f} s")
+    if every_shape:
+        late_compiles.watch()   # what a request still makes this process build is logged from here on
     return secs
 
 
