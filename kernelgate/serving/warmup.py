@@ -42,6 +42,8 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     device = current().device_name or name
     mark = marker(device)
     first = not mark.exists()
+    if every_shape:
+        late_compiles.watch()     # (the builds of the warm-up: what a later one is compared with)
     log(f"compiling kernels for {device} (first run only)..." if first else f"loading compiled kernels for {device}...")
     t0 = time.perf_counter()
     vocab = model.config.vocab_size
@@ -59,7 +61,7 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
         freeze_heap()     # what the warm-up built (graphs, compiled kernels) is long-lived too
     log(f"kernels ready in {secs:.1f} s")
     if every_shape:
-        late_compiles.watch()   # what a request still makes this process build is logged from here on
+        late_compiles.serving()   # what a request still makes this process build is logged from here on
     return secs
 
 
