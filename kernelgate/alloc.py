@@ -34,6 +34,45 @@ def upload(host: torch.Tensor, device) -> torch.Tensor:
     return host.to(device)
 
 
+# Triton specializes a kernel on whether each pointer is 16-byte aligned: index arrays packed into
+# one upload must each start on a 16-byte boundary, or a batch of another size (another offset)
+# builds another kernel in the middle of serving (serving/late_compiles.py found two).
+ALIGN = 16
+
+
+def _offsets(sizes: list, itemsize: int) -> tuple[list, int]:
+    step = max(1, ALIGN // itemsize)
+    offs, at = [], 0
+    for n in sizes:
+        offs.append(at)
+        at += -(-n // step) * step
+    return offs, at
+
+
+def pack(parts: list) -> torch.Tensor:
+    """1-D host tensors of one dtype in one buffer, each starting on a 16-byte boundary (zeros between)."""
+    offs, total = _offsets([p.numel() for p in parts], parts[0].element_size())
+    out = torch.zeros(total, dtype=parts[0].dtype)
+    for o, p in zip(offs, parts):
+        out[o:o + p.numel()] = p
+    return out
+
+
+def unpack(buf: torch.Tensor, sizes: list) -> list:
+    """The parts of a `pack`ed buffer (on any device), as views of it."""
+    offs, _ = _offsets(sizes, buf.element_size())
+    return [buf[o:o + n] for o, n in zip(offs, sizes)]
+
+
+def packed_size(sizes: list, itemsize: int) -> int:
+    return _offsets(sizes, itemsize)[1]
+
+
+def upload_parts(parts: list, device) -> list:
+    """`upload` of several 1-D host tensors in one copy: device views, each 16-byte aligned."""
+    return unpack(upload(pack(parts), device), [p.numel() for p in parts])
+
+
 class Download:
     """A device tensor's values on their way to the host. The copy is queued now (pinned memory,
     non-blocking, CUDA / ROCm) behind the work that produces it, and an event marks its end;

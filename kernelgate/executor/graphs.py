@@ -75,10 +75,11 @@ class _Captured:
         self.nb, self.width, self.scratch = nb, width, scratch
         self.bs = bs = cache.block_size
         self.tokens = torch.zeros(nb, dtype=torch.long, device=dev)
-        # cu | slots | starts | seq_lens | slot_mapping
-        self.meta = torch.zeros(5 * nb + 1, dtype=torch.int32, device=dev)
+        # cu | slots | starts | seq_lens | slot_mapping, each part 16-byte aligned (alloc.pack)
+        self.parts = [nb + 1, nb, nb, nb, nb]
+        self.meta = torch.zeros(alloc.packed_size(self.parts, 4), dtype=torch.int32, device=dev)
         self.meta.copy_(self._host([], [], []))
-        cu, slots, starts, lens, mapping = self.meta.split([nb + 1, nb, nb, nb, nb])
+        cu, slots, starts, lens, mapping = alloc.unpack(self.meta, self.parts)
         self.rows, self.table = slots, table[:, :width]
         self.batch = StepBatch(cu_seqlens=cu, slots=slots, starts=[0] * nb, lengths=[1] * nb, decode=True,
                                starts_dev=starts, context_len=width * bs, seq_lens=lens,
@@ -105,8 +106,9 @@ class _Captured:
         pad = nb - len(slots)
         bs = self.bs
         mapping = [t[s // bs] * bs + s % bs for t, s in zip(tables, starts)] + [block0 * bs] * pad
-        return torch.tensor(list(range(nb + 1)) + list(slots) + [slot0] * pad + list(starts) + [0] * pad
-                            + [s + 1 for s in starts] + [1] * pad + mapping, dtype=torch.int32)
+        return alloc.pack([torch.tensor(v, dtype=torch.int32) for v in (
+            list(range(nb + 1)), list(slots) + [slot0] * pad, list(starts) + [0] * pad,
+            [s + 1 for s in starts] + [1] * pad, mapping)])
 
     def replay(self, tokens, slots: list, starts: list, tables: list) -> torch.Tensor:
         """tokens: host ids (a list) or ids already on the device (the last step's samples)."""
@@ -160,8 +162,8 @@ class DecodeGraphs:
             return None
         nb, width = graph.nb, graph.width
         lens = torch.tensor([s + 1 for s in starts] + [0] * (nb - len(starts)), dtype=torch.int32)
-        up = alloc.upload(torch.cat([padded_rows(tables, nb, width).view(-1), lens]), self.table.device)
-        return up[:nb * width].view(nb, width), up[nb * width:]
+        table, lens = alloc.upload_parts([padded_rows(tables, nb, width).view(-1), lens], self.table.device)
+        return table.view(nb, width), lens
 
     def _context(self, starts: list) -> int:
         """The context bucket (positions, a multiple of the block size) of decodes at `starts`."""

@@ -119,10 +119,11 @@ class StepBatch:
             mapping = (table[seq * width + pos // block_size] * block_size + pos % block_size).to(torch.int32)
         else:
             mapping = torch.zeros(0, dtype=torch.int32)
-        sizes = [N + 1, N, N, N, N * width, mapping.numel()]
-        host = torch.cat([torch.tensor(cu + list(slots) + list(starts) + seq_lens, dtype=torch.int32), table, mapping])
-        cu_d, slots_d, starts_d, lens_d, table_d, map_d = alloc.upload(host, device).split(sizes)
-        cu_c, slots_c, _, lens_c, _, _ = host.split(sizes)
+        i32 = torch.int32
+        host = [torch.tensor(cu, dtype=i32), torch.tensor(list(slots), dtype=i32), torch.tensor(list(starts), dtype=i32),
+                torch.tensor(seq_lens, dtype=i32), table, mapping]
+        cu_d, slots_d, starts_d, lens_d, table_d, map_d = alloc.upload_parts(host, device)   # one copy, aligned parts
+        cu_c, slots_c, _, lens_c, _, _ = host
         return cls(cu_seqlens=cu_d, slots=slots_d, starts=list(starts), lengths=list(lengths),
                    decode=N > 0 and all(n == 1 for n in lengths), cu_seqlens_cpu=cu_c, slots_cpu=slots_c,
                    starts_dev=starts_d, context_len=max(seq_lens, default=0), seq_lens=lens_d,

@@ -240,11 +240,12 @@ def test_mixed_step_decodes_meet_captured_shapes(model, fake_graphs, monkeypatch
     capture; the tokens equal the engine's without graphs."""
     from kernelgate import ops
     prompts = _prompts(6, seed=5)
-    shapes = []
+    shapes, aligned = [], []
     real = ops.mla_decode
 
     def spy(q, cache, table, lens, *a, **k):
         shapes.append((tuple(table.shape), int((lens == 0).sum())))
+        aligned.append((table.data_ptr() % 16, lens.data_ptr() % 16))   # (kernels specialize on it)
         return real(q, cache, table, lens, *a, **k)
 
     def run(graphs_on):
@@ -270,6 +271,7 @@ def test_mixed_step_decodes_meet_captured_shapes(model, fake_graphs, monkeypatch
     assert padded, shapes                                         # some mixed step's decodes were padded
     for (nb, width), empty in shapes:
         assert (nb, width * 8) in captured, (nb, width, captured)   # every absorbed call: a captured shape
+    assert set(aligned) == {(0, 0)}, aligned                       # table and lengths 16-byte aligned
 
 
 def test_graph_decode_equals_eager_gated_deltanet(fake_graphs):

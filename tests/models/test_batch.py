@@ -40,3 +40,18 @@ def test_build_without_tables_and_with_a_short_table():
 def test_padded_rows_pads_and_cuts():
     assert padded_rows([[5, 6, 7], [], [8]], 4, 2).tolist() == [[5, 6], [0, 0], [8, 0], [0, 0]]
     assert padded_rows([], 2, 3).tolist() == [[0, 0, 0], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("N", range(1, 10))
+def test_every_index_array_starts_16_byte_aligned(N):
+    """Triton specializes kernels on 16-byte pointer alignment: the arrays of one upload must each
+    be aligned whatever the batch size, or a batch of another size builds another kernel while
+    serving (serving/late_compiles.py saw `slots` and `seq_lens` change alignment with N)."""
+    lengths, starts = [1] * (N - 1) + [3], list(range(5, 5 + N))
+    tables = [[i, i + 20] for i in range(N)]
+    b = StepBatch.build(lengths, [7 * i for i in range(N)], starts, "cpu", tables, 16)
+    arrays = {"cu_seqlens": b.cu_seqlens, "slots": b.slots, "starts": b.starts_dev, "seq_lens": b.seq_lens,
+              "block_table": b.block_table, "slot_mapping": b.slot_mapping}
+    assert {k: v.data_ptr() % 16 for k, v in arrays.items()} == dict.fromkeys(arrays, 0)
+    assert b.slots.tolist() == [7 * i for i in range(N)] and b.seq_lens.tolist() == [s + n for s, n in zip(starts, lengths)]
+    assert b.block_table.tolist() == tables and b.cu_seqlens.tolist() == [0] + torch.tensor(lengths).cumsum(0).tolist()

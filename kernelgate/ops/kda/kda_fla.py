@@ -80,8 +80,7 @@ def varlen_prefill(run, q, k, v, g, beta, state, cu_seqlens, slots, cu_seqlens_c
         run_cu_cpu = torch.tensor([0] + lens, dtype=torch.long).cumsum(0)                  # [Nk+1]
         tok = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in kept])                    # [Tk]
         # one upload: token rows | compacted bounds | slots of the kept sequences
-        dev = alloc.upload(torch.cat([tok, run_cu_cpu, torch.tensor([sl[n] for n in kept])]), q.device)
-        tok, run_cu, idx = dev.split([tok.numel(), len(kept) + 1, len(kept)])
+        tok, run_cu, idx = alloc.upload_parts([tok, run_cu_cpu, torch.tensor([sl[n] for n in kept])], q.device)
         qr, kr, vr, gr, br = (x.index_select(0, tok) for x in (q, k, v, g, beta))
     h0 = state.index_select(0, idx)                                                       # [Nk, H, K, V]
     o, ht = run(qr[None], kr[None], vr[None], gr[None].float(), br[None], h0, run_cu, run_cu_cpu)
