@@ -10,7 +10,10 @@ Per phase: time from the adds to the last long prompt's first token, the sum of 
 device time (CUDA events, device_spans.py), and the host interval / device time of every step
 with the allocator's counters (cudaMalloc / cudaFree calls, retries) so a slow step is named.
 
-    PYTHONPATH=.:bench/e2e python bench/probes/served_mix.py [--model DIR] [--profile]
+    PYTHONPATH=.:bench/e2e python bench/probes/served_mix.py [--model DIR] [--profile] [--kernels]
+
+--kernels: both phases again under the profiler, and the kernels' time beside minus alone, by
+kernel name (what a mixed step adds to the prefill it carries).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ def counters() -> dict:
 
 
 GC = {"t": None, "s": 0.0, "n": 0}
+KERNELS: dict = {}   # phase -> {kernel name: (device ms, launches)} (--kernels)
 
 
 def _gc(phase_, info):                 # time spent in the garbage collector (gc.callbacks)
@@ -100,6 +104,10 @@ def phase(eng, spans, name, longs, shorts, g, vocab, prof=None, long_len=32768, 
         print(f"\n{name}: GPU kernels {busy:.1f} ms in {len(ev)} launches over the {len(rows)} steps "
               f"({busy / max(len(rows), 1):.1f} ms per step)")
         print(kp.key_averages().table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
+        KERNELS[name] = {}
+        for e in ev:                          # per kernel name: (device ms, launches)
+            t, n = KERNELS[name].get(e.name, (0.0, 0))
+            KERNELS[name][e.name] = (t + e.time_range.elapsed_us() / 1e3, n + 1)
     for rid in sid + lid:
         eng.abort(rid)
     while eng.has_unfinished():
@@ -150,8 +158,16 @@ def main() -> None:
         phase(eng, spans, "beside-profiled", 8, 64, g, vocab, prof)
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         pstats.Stats(prof).sort_stats("cumulative").print_stats("kernelgate|fla|torch/nn", 45)
-    if a.kernels:
+    if a.kernels:   # the same prompts' kernels alone and beside: what the decodes add, kernel by kernel
+        phase(eng, spans, "alone-kernels", 8, 0, g, vocab, kineto=True)
         phase(eng, spans, "beside-kernels", 8, 64, g, vocab, kineto=True)
+        al, bs = KERNELS["alone-kernels"], KERNELS["beside-kernels"]
+        rows = sorted(set(al) | set(bs), key=lambda k: -abs(bs.get(k, (0, 0))[0] - al.get(k, (0, 0))[0]))
+        print(f"\nkernels beside - alone: {sum(t for t, _ in bs.values()) - sum(t for t, _ in al.values()):+.1f} ms")
+        print("| kernel | alone ms (launches) | beside ms (launches) | delta ms |\n|---|---:|---:|---:|")
+        for k in rows[:25]:
+            (ta, na), (tb, nb) = al.get(k, (0.0, 0)), bs.get(k, (0.0, 0))
+            print(f"| {k[:90]} | {ta:.1f} ({na}) | {tb:.1f} ({nb}) | {tb - ta:+.1f} |")
     eng.close()
 
 

@@ -38,15 +38,16 @@ OP = "paged_attention_decode"
 # programs: the grid aims at about this many (sequence, KV head, split) programs (a few per SM /
 # CU / Xe core: each streams its tiles with little else to hide latency behind); min_split: no
 # split gets fewer than this many positions of the table's capacity; tile_bytes: a K tile's size,
-# which sets BLOCK_N (16..64 positions: bf16 D=256 -> 32, D=128 -> 64).
+# which sets BLOCK_N (16..64 positions: bf16 D=256 -> 32, D=128 -> 64); max_split: no program gets
+# more than this many positions of the longest sequence (num_splits).
 # Unmeasured starting points.
 CONFIGS = [
-    (("cuda", "sm_9"), dict(programs=528, min_split=128, tile_bytes=16384, num_warps=4, num_stages=2)),
-    (("cuda", "sm_10"), dict(programs=592, min_split=128, tile_bytes=16384, num_warps=4, num_stages=2)),
-    (("cuda", None), dict(programs=432, min_split=128, tile_bytes=16384, num_warps=4, num_stages=2)),
-    (("rocm", None), dict(programs=608, min_split=128, tile_bytes=16384, num_warps=4, num_stages=1)),
-    (("xpu", None), dict(programs=512, min_split=128, tile_bytes=16384, num_warps=4, num_stages=1)),
-    ((None, None), dict(programs=256, min_split=128, tile_bytes=16384, num_warps=4, num_stages=1)),
+    (("cuda", "sm_9"), dict(programs=528, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=2)),
+    (("cuda", "sm_10"), dict(programs=592, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=2)),
+    (("cuda", None), dict(programs=432, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=2)),
+    (("rocm", None), dict(programs=608, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=1)),
+    (("xpu", None), dict(programs=512, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=1)),
+    ((None, None), dict(programs=256, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=1)),
 ]
 # The interpreter keeps each platform's tile shape but launches few programs (each costs Python
 # time) with short splits, so tests still cross split boundaries.
@@ -71,10 +72,14 @@ def block_n(cfg: dict, DP: int, element_size: int) -> int:
 
 
 def num_splits(rows: int, max_blocks: int, block_size: int, cfg: dict) -> int:
-    """Splits per (sequence, KV head): programs // rows, at least 1, at most one per min_split
-    positions of the table."""
-    cap = -(-max_blocks * block_size // cfg["min_split"])
-    return max(1, min(cfg["programs"] // max(rows, 1), cap))
+    """Splits per (sequence, KV head): programs // rows, and at least enough that a sequence as
+    long as the table (its longest) gives no program more than max_split positions; at least 1,
+    at most one per min_split positions of the table. (A sequence is cut by its own length: a
+    few long contexts among many short ones are spread over the GPU, as mla_decode's num_splits.)"""
+    W = max_blocks * block_size
+    cap = -(-W // cfg["min_split"])
+    want = max(cfg["programs"] // max(rows, 1), -(-W // cfg["max_split"]) if cfg.get("max_split") else 1)
+    return max(1, min(want, cap))
 
 
 @triton.jit

@@ -49,7 +49,8 @@ OP = "mla_decode"
 # Launch choices by (platform, capability prefix); the first match wins, None matches any.
 # programs: the grid aims at about this many (sequence, split) programs (splits per sequence:
 # programs // sequences); min_split: no split gets fewer than this many positions of the table's
-# capacity (each split writes M x R fp32 partials: 64 KiB for Kimi). keys: "tma" takes
+# capacity (each split writes M x R fp32 partials: 64 KiB for Kimi); max_split (LOOP): no program
+# gets more than this many positions of the longest sequence (num_splits). keys: "tma" takes
 # _partial_tma_kernel where the cache allows (tma_route), else _partial_kernel ("ptr").
 # The entries other than sm_90's are starting points: `bench/ops/mla_decode.py --sweep` times the
 # alternatives on a GPU.
@@ -83,7 +84,8 @@ MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
 # shapes compiles without spills to cp.async tiles and mma.sync (kv-major puts the p kv product on
 # wgmma, at more registers); ahead off, because with it Triton does not pipeline the loop (no
 # cp.async).
-LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, pdl=False)
+LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, pdl=False,
+            max_split=4096)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes
 # the TMA kernel (as sm_90 does) wherever the cache's blocks allow it.
@@ -103,9 +105,17 @@ def config(plat=None, num_seqs: int = 1) -> dict:
 
 def num_splits(N: int, max_blocks: int, block_size: int, cfg: dict) -> int:
     """Splits per sequence: programs // N (a whole number of waves when programs is one per SM),
-    at least 1, at most one per min_split positions of the table."""
-    cap = -(-max_blocks * block_size // cfg["min_split"])
-    return max(1, min(cfg["programs"] // max(N, 1), cap))
+    and at least enough that a sequence as long as the table (its longest) gives no program more
+    than max_split positions; at least 1, at most one per min_split positions of the table.
+    (Each sequence is cut by its own length: a short one's extra splits are empty or a tile.)
+    Why max_split: a server's decode batch holds a few long contexts among many short ones. From
+    programs // N alone, 64 short streams beside 8 sequences of 32k tokens (N 128 after padding)
+    got one split: one program streamed each 32k context, ~1 ms per layer on the H200 (Kimi
+    4 layers, bench/probes/served_mix.py --kernels), where the short ones alone take microseconds."""
+    W = max_blocks * block_size
+    cap = -(-W // cfg["min_split"])
+    want = max(cfg["programs"] // max(N, 1), -(-W // cfg["max_split"]) if cfg.get("max_split") else 1)
+    return max(1, min(want, cap))
 
 
 @triton.jit

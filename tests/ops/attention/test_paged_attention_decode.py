@@ -150,6 +150,9 @@ def test_launch_choices_follow_the_platform():
     assert T.num_splits(64 * 2, 2048, 64, cfg) == 4
     assert T.num_splits(512 * 2, 2048, 64, cfg) == 1
     assert T.num_splits(1 * 2, 2, 64, cfg) == 1            # a table of 128 positions: one split
+    cfg["max_split"] = 4096                                 # a long context among many short ones
+    assert T.num_splits(128 * 2, 513, 64, cfg) == 9         # 32,832 positions: 4096 or fewer per program
+    assert T.num_splits(512 * 2, 32, 64, cfg) == 1
 
 
 def test_decode_equals_the_prefills_last_row():

@@ -252,6 +252,14 @@ def test_launch_choices_follow_the_platform():
     assert T.num_splits(64, 2048, 64, dict(programs=132, min_split=256)) == 2       # 128 programs: one wave
     assert T.num_splits(200, 2048, 64, dict(programs=132, min_split=256)) == 1
     assert T.num_splits(1, 3, 16, dict(programs=264, min_split=256)) == 1            # short table: one split
+    # max_split: the longest sequence (the table's width) gets no program more than 4096 positions --
+    # 64 short streams beside 8 of 32k (N 128 after padding) got one split: one program per 32k context
+    cfg = dict(programs=132, min_split=64, max_split=4096)
+    assert T.num_splits(128, 513, 64, cfg) == 9                                     # 32,832 positions
+    assert T.num_splits(64, 2048, 64, cfg) == 32                                    # B64 128k: 4096 each
+    assert T.num_splits(1, 2048, 64, cfg) == 132                                    # B1 128k: as before
+    assert T.num_splits(128, 32, 64, cfg) == 1                                      # short contexts: as before
+    assert T.config(T.platform.current())["max_split"] == 4096
 
 
 def test_tma_route_reasons():
