@@ -13,6 +13,7 @@ import torch
 from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.registry import checked
 from attn_refs import Problem, rel
+from helpers.impls import on_device
 
 OP = "paged_attention_decode"
 VARIANTS = [("native", None), ("triton", "cuda"), ("triton", "xpu")]
@@ -20,13 +21,14 @@ BOUND = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 
 def run(impl, plat, *args, **kwargs):
-    """Dispatch through the registry with `impl` forced, as if on `plat` (None: the real one)."""
+    """Dispatch through the registry with `impl` forced, as if on `plat` (None: the real one), on
+    this machine's device."""
     op = registry.get(OP)
     with platform.simulate(plat or platform.current().name), forcing({OP: impl}), alloc.poisoned():
         why = op.impls[impl].unavailable(platform.current())
         if why:
             pytest.skip(why)
-        return op(*args, **kwargs)
+        return on_device(op, *args, **kwargs)
 
 
 def _ids(v):
@@ -77,7 +79,7 @@ def _launch(*args, **kwargs):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     from kernelgate.ops.attention import paged_attention_decode_triton
     with alloc.poisoned():
-        return paged_attention_decode_triton.launch(*args, **kwargs)
+        return on_device(paged_attention_decode_triton.launch, *args, **kwargs)
 
 
 def _dense(q, k, v, scale, keep):

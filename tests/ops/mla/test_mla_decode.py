@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, forcing, platform, registry
+from helpers.impls import on_device
 from mla_refs import Problem, rel
 
 OP = "mla_decode"
@@ -28,18 +29,7 @@ def run(impl, plat, *args, **kwargs):
     with platform.simulate(plat or platform.current().name), forcing({OP: impl}):
         if op.impls[impl].unavailable(platform.current()):
             pytest.skip(op.impls[impl].unavailable(platform.current()))
-        return _on_device(op, *args, **kwargs)
-
-
-def _on_device(fn, *args, **kwargs):
-    """fn on this machine's device (the problems are built on the host, the interpreter's tensors;
-    on a GPU its kernels take device tensors), results back on the host."""
-    dev = platform.default_device()
-
-    def to(a):
-        return a.to(dev) if isinstance(a, torch.Tensor) else a
-    out = fn(*map(to, args), **{k: to(v) for k, v in kwargs.items()})
-    return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+        return on_device(op, *args, **kwargs)
 
 
 def _ids(v):
@@ -165,7 +155,7 @@ def test_new_tokens_must_be_cached():
 
 def test_native_checks_values_every_call():
     args, kwargs = _args()
-    _on_device(registry.get(OP), *args, **kwargs)           # a good call caches the choice
+    on_device(registry.get(OP), *args, **kwargs)           # a good call caches the choice
     args[3] = torch.tensor([3, -2], dtype=torch.int32)
     with pytest.raises(KernelgateError, match="is negative"):
         registry.get(OP).reference(*args, **kwargs)
@@ -183,7 +173,7 @@ def _launch(*args, **kwargs):
     if not platform.interpreting() and platform.current().device == "cpu":
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     from kernelgate.ops.mla import mla_decode_triton
-    return _on_device(mla_decode_triton.launch, *args, **kwargs)
+    return on_device(mla_decode_triton.launch, *args, **kwargs)
 
 
 @pytest.mark.parametrize("bad_id", [-3, 10**6], ids=["negative", "past-the-cache"])
