@@ -39,15 +39,17 @@ OP = "paged_attention_decode"
 # CU / Xe core: each streams its tiles with little else to hide latency behind); min_split: no
 # split gets fewer than this many positions of the table's capacity; tile_bytes: a K tile's size,
 # which sets BLOCK_N (16..64 positions: bf16 D=256 -> 32, D=128 -> 64); max_split: no program gets
-# more than this many positions of the longest sequence (num_splits).
+# more than this many positions of the longest sequence, while the fp32 partials stay within
+# max_partials bytes (num_splits).
 # Unmeasured starting points.
+_SPLITS = dict(min_split=128, max_split=4096, max_partials=128 << 20)
 CONFIGS = [
-    (("cuda", "sm_9"), dict(programs=528, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=2)),
-    (("cuda", "sm_10"), dict(programs=592, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=2)),
-    (("cuda", None), dict(programs=432, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=2)),
-    (("rocm", None), dict(programs=608, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=1)),
-    (("xpu", None), dict(programs=512, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=1)),
-    ((None, None), dict(programs=256, min_split=128, max_split=4096, tile_bytes=16384, num_warps=4, num_stages=1)),
+    (("cuda", "sm_9"), dict(programs=528, **_SPLITS, tile_bytes=16384, num_warps=4, num_stages=2)),
+    (("cuda", "sm_10"), dict(programs=592, **_SPLITS, tile_bytes=16384, num_warps=4, num_stages=2)),
+    (("cuda", None), dict(programs=432, **_SPLITS, tile_bytes=16384, num_warps=4, num_stages=2)),
+    (("rocm", None), dict(programs=608, **_SPLITS, tile_bytes=16384, num_warps=4, num_stages=1)),
+    (("xpu", None), dict(programs=512, **_SPLITS, tile_bytes=16384, num_warps=4, num_stages=1)),
+    ((None, None), dict(programs=256, **_SPLITS, tile_bytes=16384, num_warps=4, num_stages=1)),
 ]
 # The interpreter keeps each platform's tile shape but launches few programs (each costs Python
 # time) with short splits, so tests still cross split boundaries.
@@ -71,14 +73,18 @@ def block_n(cfg: dict, DP: int, element_size: int) -> int:
     return max(16, min(64, triton.next_power_of_2(cfg["tile_bytes"] // (DP * element_size) + 1) // 2))
 
 
-def num_splits(rows: int, max_blocks: int, block_size: int, cfg: dict) -> int:
+def num_splits(rows: int, max_blocks: int, block_size: int, cfg: dict, split_bytes: int = 0) -> int:
     """Splits per (sequence, KV head): programs // rows, and at least enough that a sequence as
-    long as the table (its longest) gives no program more than max_split positions; at least 1,
-    at most one per min_split positions of the table. (A sequence is cut by its own length: a
+    long as the table (its longest) gives no program more than max_split positions, as far as
+    the fp32 partials stay within max_partials bytes (split_bytes: one row's per split); at least
+    1, at most one per min_split positions of the table. (A sequence is cut by its own length: a
     few long contexts among many short ones are spread over the GPU, as mla_decode's num_splits.)"""
     W = max_blocks * block_size
     cap = -(-W // cfg["min_split"])
-    want = max(cfg["programs"] // max(rows, 1), -(-W // cfg["max_split"]) if cfg.get("max_split") else 1)
+    longest = -(-W // cfg["max_split"]) if cfg.get("max_split") else 1
+    if split_bytes and cfg.get("max_partials"):
+        longest = min(longest, max(1, cfg["max_partials"] // (max(rows, 1) * split_bytes)))
+    want = max(cfg["programs"] // max(rows, 1), longest)
     return max(1, min(want, cap))
 
 
@@ -196,7 +202,7 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, scale, cfg=None):
     o = alloc.empty((N, Hq, D), q.dtype, q.device)
     if N == 0:
         return o
-    splits = cfg.get("splits") or num_splits(N * Hkv, max_blocks, bs, cfg)
+    splits = cfg.get("splits") or num_splits(N * Hkv, max_blocks, bs, cfg, (Hq // Hkv) * D * 4)
     o_part = o if splits == 1 else torch.empty((N, splits, Hq, D), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((N, splits, Hq), dtype=torch.float32, device=q.device)
     GP = max(16, triton.next_power_of_2(G))

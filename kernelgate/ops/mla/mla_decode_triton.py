@@ -50,7 +50,8 @@ OP = "mla_decode"
 # programs: the grid aims at about this many (sequence, split) programs (splits per sequence:
 # programs // sequences); min_split: no split gets fewer than this many positions of the table's
 # capacity (each split writes M x R fp32 partials: 64 KiB for Kimi); max_split (LOOP): no program
-# gets more than this many positions of the longest sequence (num_splits). keys: "tma" takes
+# gets more than this many positions of the longest sequence, while the partials stay within
+# max_partials bytes (num_splits). keys: "tma" takes
 # _partial_tma_kernel where the cache allows (tma_route), else _partial_kernel ("ptr").
 # The entries other than sm_90's are starting points: `bench/ops/mla_decode.py --sweep` times the
 # alternatives on a GPU.
@@ -85,7 +86,7 @@ MERGE = dict(merge_rows=None, merge_br=None, merge_programs=528, merge_sb=None)
 # wgmma, at more registers); ahead off, because with it Triton does not pipeline the loop (no
 # cp.async).
 LOOP = dict(kv_major=False, ahead=False, keys="ptr", prefetch=0, prefetch_block=False, pdl=False,
-            max_split=4096)
+            max_split=4096, max_partials=128 << 20)
 # The interpreter keeps each platform's tile shape but launches few programs (each costs
 # Python time) with short splits, so tests still cross split boundaries; simulated CUDA takes
 # the TMA kernel (as sm_90 does) wherever the cache's blocks allow it.
@@ -103,18 +104,25 @@ def config(plat=None, num_seqs: int = 1) -> dict:
     raise AssertionError("unreachable: CONFIGS ends with a catch-all")
 
 
-def num_splits(N: int, max_blocks: int, block_size: int, cfg: dict) -> int:
+def num_splits(N: int, max_blocks: int, block_size: int, cfg: dict, split_bytes: int = 0) -> int:
     """Splits per sequence: programs // N (a whole number of waves when programs is one per SM),
     and at least enough that a sequence as long as the table (its longest) gives no program more
-    than max_split positions; at least 1, at most one per min_split positions of the table.
-    (Each sequence is cut by its own length: a short one's extra splits are empty or a tile.)
+    than max_split positions, as far as the fp32 partials stay within max_partials bytes
+    (split_bytes: one sequence's per split); at least 1, at most one per min_split positions of
+    the table. (Each sequence is cut by its own length: a short one's extra splits are empty or
+    a tile, and the merge skips empty ones.)
     Why max_split: a server's decode batch holds a few long contexts among many short ones. From
     programs // N alone, 64 short streams beside 8 sequences of 32k tokens (N 128 after padding)
     got one split: one program streamed each 32k context, ~1 ms per layer on the H200 (Kimi
-    4 layers, bench/probes/served_mix.py --kernels), where the short ones alone take microseconds."""
+    4 layers, bench/probes/served_mix.py --kernels), where the short ones alone take microseconds.
+    Why max_partials: the decode graphs keep their partials in a pool with a fixed reserve
+    (executor/memory.py); 256 rows x 32 splits of Kimi's 64 KiB would be 512 MiB."""
     W = max_blocks * block_size
     cap = -(-W // cfg["min_split"])
-    want = max(cfg["programs"] // max(N, 1), -(-W // cfg["max_split"]) if cfg.get("max_split") else 1)
+    longest = -(-W // cfg["max_split"]) if cfg.get("max_split") else 1
+    if split_bytes and cfg.get("max_partials"):
+        longest = min(longest, max(1, cfg["max_partials"] // (max(N, 1) * split_bytes)))
+    want = max(cfg["programs"] // max(N, 1), longest)
     return max(1, min(want, cap))
 
 
@@ -549,7 +557,7 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
     lse = alloc.empty((q.shape[0], H), torch.float32, q.device)
     if N == 0:
         return (o, lse) if return_lse else o
-    splits = cfg.get("splits") or num_splits(N, max_blocks, bs, cfg)
+    splits = cfg.get("splits") or num_splits(N, max_blocks, bs, cfg, M * R * 4)
     if splits == 1:
         o_part, lse_part = o, lse
     else:

@@ -155,6 +155,8 @@ def test_launch_choices_follow_the_platform():
     cfg["max_split"] = 4096                                 # a long context among many short ones
     assert T.num_splits(128 * 2, 513, 64, cfg) == 9         # 32,832 positions: 4096 or fewer per program
     assert T.num_splits(512 * 2, 32, 64, cfg) == 1
+    cfg["max_partials"] = 128 << 20                         # 512 rows x 8 KiB a split: 32 splits at most
+    assert T.num_splits(256 * 2, 2048, 64, cfg, 8 << 10) == 32 and T.num_splits(1024 * 2, 2048, 64, cfg, 8 << 10) == 8
 
 
 def test_decode_equals_the_prefills_last_row():

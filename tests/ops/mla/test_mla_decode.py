@@ -250,6 +250,11 @@ def test_launch_choices_follow_the_platform():
     assert T.num_splits(1, 2048, 64, cfg) == 132                                    # B1 128k: as before
     assert T.num_splits(128, 32, 64, cfg) == 1                                      # short contexts: as before
     assert T.config(T.platform.current())["max_split"] == 4096
+    # ... while the fp32 partials stay within max_partials (the decode graphs' pool has a fixed reserve)
+    cfg["max_partials"] = 128 << 20
+    assert T.num_splits(256, 2048, 64, cfg, 64 << 10) == 8                          # 256 x 8 x 64 KiB = 128 MiB
+    assert T.num_splits(128, 513, 64, cfg, 64 << 10) == 9                           # 72 MiB: as without the cap
+    assert T.num_splits(1, 2048, 64, cfg, 64 << 10) == 132                          # programs // N is not capped
 
 
 def test_tma_route_reasons():
