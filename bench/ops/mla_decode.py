@@ -15,6 +15,10 @@ The native reference is timed at B <= 8 only (it loops over sequences on the hos
              and time it for an 8k chunk after 24k / 120k of context
   --aot      no GPU needed: compile the kernel for sm_90 (Kimi shapes) at each SWEEP_GRID choice
              and print registers, spills (stack bytes), shared memory and the MMA kind
+  --mixed    a server's decode batch: 64 sequences of 256 positions beside 8 of 32,768, padded to
+             128 rows as the decode graphs pad them; the Triton kernel with its splits from
+             programs // rows only (Session 21) against the longest sequence too (max_split),
+             each checked against native, CUDA-graph µs and the floor
 Runs in about a minute on an H200 (--sweep about one more: 5 choices x 2 program counts x 6 shapes).
 """
 from __future__ import annotations
@@ -190,6 +194,30 @@ def sweep(dev):
         torch.cuda.empty_cache()
 
 
+def mixed(dev, short=256, long=32768, n_short=64, n_long=8, rows=128):
+    """Decode rows of very different lengths in one padded batch (module doc: --mixed)."""
+    from kernelgate.ops.mla import mla_decode_triton as T
+    width = -(-long // BS) + 1
+    lens = [short] * n_short + [long] * n_long + [0] * (rows - n_short - n_long)
+    g = torch.Generator(device=dev).manual_seed(0)
+    cache = torch.randn(rows * width, BS, R + DR, device=dev, dtype=torch.bfloat16, generator=g)
+    table = torch.randperm(rows * width, device=dev, dtype=torch.int32, generator=g).view(rows, width)
+    q = torch.randn(rows, H, R + DR, device=dev, dtype=torch.bfloat16, generator=g) / (R + DR) ** 0.5
+    seq = torch.tensor(lens, device=dev, dtype=torch.int32)
+    ref = registry.get("mla_decode").reference(q, cache, table, seq, SCALE, R)
+    floor_us = sum(lens) * (R + DR) * 2 / (FLOOR_GBS * 1e3)
+    print(f"\n{n_short} x {short} + {n_long} x {long} positions in {rows} rows (table {width} blocks), floor {floor_us:.1f} µs")
+    print("| splits from | splits | rel err | graph µs | of floor |\n|---|---:|---:|---:|---:|")
+    base = T.config(num_seqs=rows)
+    for name, cfg in (("programs // rows (Session 21)", dict(base, max_split=None)), ("+ longest sequence", base)):
+        splits = T.num_splits(rows, width, BS, cfg, H * R * 4)
+        e = rel_err(T.launch(q, cache, table, seq, SCALE, R, cfg=cfg), ref)
+        us = graph_us(lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=cfg), dev) \
+            or time_ms(lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=cfg), dev) * 1e3  # noqa: B023
+        print(f"| {name} | {splits} | {e:.1e} | {us:.1f} | {floor_us / us:.2f} |")
+        assert e < 2e-2, (name, e)
+
+
 def aot(cap=90, next_n=1):
     """Compile both partial kernels for an NVIDIA target without a GPU; resources from cuobjdump."""
     import os
@@ -262,6 +290,7 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--aot", action="store_true")
+    ap.add_argument("--mixed", action="store_true", help="only the mixed-length decode batch (module doc)")
     ap.add_argument("--merge", action="store_true", help="--sweep: also the merge's grid at each shape's best choice")
     a = ap.parse_args()
     MERGE = a.merge
@@ -273,6 +302,9 @@ if __name__ == "__main__":
         raise SystemExit("bench/ops/mla_decode.py times GPU kernels (the CPU runs the parity tests; --aot needs no GPU)")
     dev = torch.device("cuda")
     print(f"copy bandwidth {copy_bandwidth(dev):.0f} GB/s (floor uses {FLOOR_GBS:.0f})")
+    if a.mixed:
+        mixed(dev)
+        raise SystemExit(0)
     check(dev)
     timing(dev)
     if a.sweep:
