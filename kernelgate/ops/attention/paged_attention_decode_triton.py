@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
+from ..common.split_kv import num_splits
 from . import paged
 
 OP = "paged_attention_decode"
@@ -71,21 +72,6 @@ def launch_config(plat=None) -> dict:
 def block_n(cfg: dict, DP: int, element_size: int) -> int:
     """Positions per tile: tile_bytes of keys, a power of two in [16, 64]."""
     return max(16, min(64, triton.next_power_of_2(cfg["tile_bytes"] // (DP * element_size) + 1) // 2))
-
-
-def num_splits(rows: int, max_blocks: int, block_size: int, cfg: dict, split_bytes: int = 0) -> int:
-    """Splits per (sequence, KV head): programs // rows, and at least enough that a sequence as
-    long as the table (its longest) gives no program more than max_split positions, as far as
-    the fp32 partials stay within max_partials bytes (split_bytes: one row's per split); at least
-    1, at most one per min_split positions of the table. (A sequence is cut by its own length: a
-    few long contexts among many short ones are spread over the GPU, as mla_decode's num_splits.)"""
-    W = max_blocks * block_size
-    cap = -(-W // cfg["min_split"])
-    longest = -(-W // cfg["max_split"]) if cfg.get("max_split") else 1
-    if split_bytes and cfg.get("max_partials"):
-        longest = min(longest, max(1, cfg["max_partials"] // (max(rows, 1) * split_bytes)))
-    want = max(cfg["programs"] // max(rows, 1), longest)
-    return max(1, min(want, cap))
 
 
 @triton.jit

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
+from ..common.split_kv import num_splits
 from . import paged
 
 OP = "mla_decode"
@@ -102,28 +103,6 @@ def config(plat=None, num_seqs: int = 1) -> dict:
                 cfg.update(INTERPRETER, keys="tma" if plat.name == "cuda" else cfg["keys"])
             return cfg
     raise AssertionError("unreachable: CONFIGS ends with a catch-all")
-
-
-def num_splits(N: int, max_blocks: int, block_size: int, cfg: dict, split_bytes: int = 0) -> int:
-    """Splits per sequence: programs // N (a whole number of waves when programs is one per SM),
-    and at least enough that a sequence as long as the table (its longest) gives no program more
-    than max_split positions, as far as the fp32 partials stay within max_partials bytes
-    (split_bytes: one sequence's per split); at least 1, at most one per min_split positions of
-    the table. (Each sequence is cut by its own length: a short one's extra splits are empty or
-    a tile, and the merge skips empty ones.)
-    Why max_split: a server's decode batch holds a few long contexts among many short ones. From
-    programs // N alone, 64 short streams beside 8 sequences of 32k tokens (N 128 after padding)
-    got one split: one program streamed each 32k context, ~1 ms per layer on the H200 (Kimi
-    4 layers, bench/probes/served_mix.py --kernels), where the short ones alone take microseconds.
-    Why max_partials: the decode graphs keep their partials in a pool with a fixed reserve
-    (executor/memory.py); 256 rows x 32 splits of Kimi's 64 KiB would be 512 MiB."""
-    W = max_blocks * block_size
-    cap = -(-W // cfg["min_split"])
-    longest = -(-W // cfg["max_split"]) if cfg.get("max_split") else 1
-    if split_bytes and cfg.get("max_partials"):
-        longest = min(longest, max(1, cfg["max_partials"] // (max(N, 1) * split_bytes)))
-    want = max(cfg["programs"] // max(N, 1), longest)
-    return max(1, min(want, cap))
 
 
 @triton.jit
