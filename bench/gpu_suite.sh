@@ -2,6 +2,9 @@
 # One device call: correctness on the GPU first, then benchmarks; everything is logged and
 # packed into $OUT/results.tgz (+ $OUT/summary.md). Run from the repo root on the GPU machine.
 #   bash bench/gpu_suite.sh parity bench:gated_rms_norm bench:fused_experts:nocompile 'py:bench/ops/kda_decode.py'
+# 'sh:...' steps inherit PYTHONPATH, which puts the carried wheels (/tmp/site: fla-core, transformers)
+# first: extend it (PYTHONPATH=$PYTHONPATH:bench/e2e), never replace it -- Session 22 lost a call to a
+# probe that ran without fla (every KDA layer on the torch reference, 5x slower).
 set -uo pipefail
 DEST=${OUT:-bench/results}
 RES=$(mktemp -d)
