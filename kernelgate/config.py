@@ -25,6 +25,10 @@ class EngineConfig:
     max_num_seqs: int = _knob(16, "sequences in flight at once (state slots)", lo=1)
     max_model_len: int = _knob(4096, "longest prompt + output, in tokens", lo=2)
     max_num_batched_tokens: int = _knob(8192, "tokens per engine step (a long prompt prefills in chunks of this)", lo=1)
+    decode_tokens_in_budget: bool = _knob(True, "decodes count against max_num_batched_tokens (vLLM's); off: a "
+                                                "prompt's chunks get the whole budget and a step's decodes ride "
+                                                "on top (SGLang's mixed chunks): chunks keep the budget's length "
+                                                "beside running streams, steps grow by up to max_num_seqs tokens")
     gpu_memory_utilization: float = _knob(0.9, "share of device memory the engine may use (weights, activations, "
                                                "caches), in (0, 1]", lo=0.0, hi=1.0, lo_open=True)
     block_size: int = _knob(64, "paged attention cache block size, in tokens", lo=1)
@@ -63,6 +67,12 @@ class EngineConfig:
         if not self.enable_prefix_caching:
             return 0
         return self.prefix_snapshots if self.prefix_snapshots is not None else 2 * self.max_num_seqs + 4
+
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one step can hold: the budget, plus a decode per sequence where the
+        decodes ride on top of it (the memory profile's step and the largest padded step)."""
+        return self.max_num_batched_tokens + (0 if self.decode_tokens_in_budget else self.max_num_seqs)
 
     def replace(self, **changes) -> EngineConfig:
         unknown = sorted(set(changes) - set(names()))

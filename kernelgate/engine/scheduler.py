@@ -4,7 +4,9 @@ Every request is a token list (prompt, then its outputs) of which `num_computed`
 cache. Each step first gives every decoding request its one token, then each running prompt,
 oldest first, the rest of its tokens (or a chunk of them) until the step's budget
 (`max_num_batched_tokens`) is spent -- vLLM's policy: a long prompt's chunks take what the
-decodes leave, so the streams already running keep their pace while it prefills -- then waiting
+decodes leave, so the streams already running keep their pace while it prefills (with
+`decode_tokens_in_budget` off the decodes ride on top of the budget instead, SGLang's mixed
+chunks: a chunk beside running streams keeps the budget's length) -- then waiting
 requests join while the budget, a state slot and enough cache blocks for their first chunk are
 there. A long prompt is thus
 prefilled over several steps, each chunk attending to its cached prefix, side by side with
@@ -111,6 +113,7 @@ class Scheduler:
                  prefix: PrefixCache | None = None):
         self.blocks, self.prefix = blocks, prefix
         self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
+        self.decode_tokens_in_budget = config.decode_tokens_in_budget
         self.max_model_len = config.max_model_len
         delay_factor = config.scheduler_delay_factor
         self.waiting: deque[Request] = deque()
@@ -147,17 +150,22 @@ class Scheduler:
         # then the running prompts' next chunks, oldest first, in what the budget leaves
         decodes = [r for r in self.running if r.num_tokens - r.num_computed == 1]
         chunks = [r for r in self.running if r.num_tokens - r.num_computed != 1]
-        for req in decodes + chunks:
-            if budget <= 0:
+        ride = not self.decode_tokens_in_budget     # decodes on top of the budget (config)
+        decode_ids = {id(r) for r in decodes}
+        for k, req in enumerate(decodes + chunks):
+            decode = k < len(decodes)
+            if budget <= 0 and not (ride and decode):
                 break
             if req.slot is None:          # preempted in this step
                 continue
-            n = self._chunk(req, req.num_computed, budget)
+            n = 1 if decode else self._chunk(req, req.num_computed, budget)
             while not self.blocks.grow(req.blocks, req.num_computed + n):
                 victim = self.running[-1]         # the newest: it may already be in this step
-                for k, sch in enumerate(out.seqs):
+                for j, sch in enumerate(out.seqs):
                     if sch.req is victim:
-                        budget += out.seqs.pop(k).n
+                        gone = out.seqs.pop(j)
+                        if not (ride and id(gone.req) in decode_ids):
+                            budget += gone.n
                         break
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -166,7 +174,8 @@ class Scheduler:
             if req.slot is None:
                 continue
             out.seqs.append(Scheduled(req, req.num_computed, n))
-            budget -= n
+            if not (ride and decode):
+                budget -= n
         admit = self._may_admit(now)
         while admit and self.waiting and budget > 0 and not out.preempted and len(self.running) < self.max_num_seqs \
                 and self.blocks.free_slots:

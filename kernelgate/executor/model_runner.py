@@ -23,15 +23,20 @@ from .sampling import logprobs_async, read_logprobs, sample_async
 log = logging.getLogger("kernelgate.engine")
 
 
-def padded_tokens(tokens: int, budget: int) -> int:
+def padded_tokens(tokens: int, budget: int, largest: int | None = None) -> int:
     """The token count an eager (prefill / mixed) step of `tokens` tokens is padded to: the next
-    multiple of 64 up to 1,024 tokens, of 256 up to 4,096, of 512 above, never past the budget
-    (the memory profile's step). A server's steps then come in a few dozen sizes, which the
-    warm-up meets ahead of requests, instead of a new size nearly every step: each new size
-    costs the GEMM library's choice of kernel per shape (host time per GEMM shape, some 20 per
-    step) and, now and then, a kernel specialisation."""
-    step = 64 if tokens <= 1024 else 256 if tokens <= 4096 else 512
-    return min(-(-tokens // step) * step, max(tokens, budget))
+    multiple of 64 up to 1,024 tokens, of 256 up to 4,096, of 512 up to the budget, of 64 past
+    it (decodes riding on top of a full chunk: `decode_tokens_in_budget` off), never past
+    `largest` (the memory profile's step: the budget, or EngineConfig.max_step_tokens). A
+    server's steps then come in a few dozen sizes, which the warm-up meets ahead of requests,
+    instead of a new size nearly every step: each new size costs the GEMM library's choice of
+    kernel per shape (host time per GEMM shape, some 20 per step) and, now and then, a kernel
+    specialisation."""
+    step = 64 if tokens <= 1024 or tokens > budget else 256 if tokens <= 4096 else 512
+    padded = -(-tokens // step) * step
+    if tokens <= budget:
+        padded = min(padded, budget)
+    return min(padded, max(tokens, largest or budget))
 
 
 class ModelRunner:
@@ -44,7 +49,7 @@ class ModelRunner:
         that a captured decode graph's padding rows (and the memory profile) write into."""
         self.model, self.config = model, config
         api, self.graphs_reason = graph_api(model.device) if config.graphs else (None, "graphs=False")
-        self.capacity = memory.plan(model, config, lambda: self._profile(config.max_num_batched_tokens),
+        self.capacity = memory.plan(model, config, lambda: self._profile(config.max_step_tokens),
                                     api is not None)
         self._make_cache()
         # eager prefill / mixed steps padded to a few sizes (padded_tokens) by one more sequence
@@ -152,7 +157,8 @@ class ModelRunner:
             device = self.model.device
             lengths, n = plan.lengths, len(plan.lengths)
             T = sum(lengths)
-            pad = padded_tokens(T, self.config.max_num_batched_tokens) - T if self.pad_steps and any(k > 1 for k in lengths) else 0
+            pad = padded_tokens(T, self.config.max_num_batched_tokens, self.config.max_step_tokens) - T \
+                if self.pad_steps and any(k > 1 for k in lengths) else 0
             if pad:   # one more sequence in the scratch slot, its positions all in the scratch block
                 slot0, block0 = self.scratch
                 lengths, slots, starts = lengths + [pad], slots + [slot0], starts + [0]

@@ -65,6 +65,19 @@ def warm_up(engine, log=print, max_batch: int | None = None, every_shape: bool =
     return secs
 
 
+def _riding_sizes(engine, budget: int, longest: int) -> list:
+    """Decode counts d whose full-chunk steps (budget + d tokens, padded to multiples of 64) the
+    warm-up meets: one per padded size past the budget; none where decodes count against the
+    budget, steps are not padded (the CPU) or a full chunk does not fit max_model_len."""
+    cfg = engine.config
+    runner = getattr(engine, "runner", None)
+    if cfg.decode_tokens_in_budget or not getattr(runner, "pad_steps", False) or longest < budget \
+            or engine.max_num_seqs < 2:
+        return []
+    top = engine.max_num_seqs - 1                     # one slot for the chunk's request
+    return sorted({min(64 * j, top) for j in range(1, -(-top // 64) + 1)})
+
+
 def _every_shape(engine, batch: int, log) -> None:
     graphs = getattr(getattr(engine, "runner", None), "graphs", None)
     if graphs is not None and graphs.enabled:
@@ -106,6 +119,19 @@ def _every_shape(engine, batch: int, log) -> None:
                 return [("warmup-mixed-2", [(13 * j + 1) % vocab for j in range(37)], SamplingParams(max_new_tokens=2))]
         drive(engine, [(f"warmup-mixed-{i}", [(11 * j + i + 3) % vocab for j in range(5)],
                         SamplingParams(max_new_tokens=4)) for i in range(2)], on_output=join)
+    # where decodes ride on top of the budget (decode_tokens_in_budget off), the steps past it: a
+    # full chunk beside d decoding requests, for each padded size budget + 64 j (model_runner.padded_tokens)
+    riding = _riding_sizes(engine, budget, longest)
+    for d in riding:
+        joined = []
+
+        def join(out, d=d):
+            if not joined and out.request_id == f"warmup-ride-{d}-0":
+                joined.append(out)
+                return [(f"warmup-ride-{d}-chunk", [(17 * j + d) % vocab for j in range(budget)],
+                         SamplingParams(max_new_tokens=1))]
+        drive(engine, [(f"warmup-ride-{d}-{i}", [(13 * i + 5) % vocab, 3, 4], SamplingParams(max_new_tokens=4))
+                       for i in range(d)], on_output=join)
     # one prompt several chunks long, so a chunk meets a cached prefix longer than itself: attention
     # kernels that plan per shape (cuDNN's) plan now, not in a request
     long = min(longest, 4 * budget)

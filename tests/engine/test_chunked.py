@@ -82,13 +82,47 @@ def test_padded_eager_steps_change_nothing(model, monkeypatch, budget):
     assert any(dec for _, dec, _ in sizes)                 # decode steps ran unpadded
     assert model_runner.padded_tokens(1, 8192) == 64 and model_runner.padded_tokens(1025, 8192) == 1280
     assert model_runner.padded_tokens(4097, 8192) == 4608 and model_runner.padded_tokens(7900, 8000) == 8000
+    # past the budget (decodes riding on a full chunk): multiples of 64, never past the largest step
+    assert model_runner.padded_tokens(8195, 8192, 8192 + 72) == 8256
+    assert model_runner.padded_tokens(8262, 8192, 8192 + 72) == 8264
+    assert model_runner.padded_tokens(7900, 8192, 8192 + 72) == 8192
 
 
+def test_padded_steps_past_the_budget_change_nothing(model, monkeypatch):
+    """With the decodes on top of the budget, a full chunk beside decodes is a step past the
+    budget, padded up to the largest step (budget + max_num_seqs): the same tokens and logits."""
+    prompts = _prompts()
+    ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=33)
+    sizes = []
+    real_step = type(model).step
+
+    def spy(self, tokens, batch, cache):
+        sizes.append((tokens.shape[0], batch.decode))
+        return real_step(self, tokens, batch, cache)
+    monkeypatch.setattr(type(model), "step", spy)
+    real_init = model_runner.ModelRunner.__init__
+
+    def padded(self, *a, **k):
+        real_init(self, *a, **k)
+        self.pad_steps = True
+    monkeypatch.setattr(model_runner.ModelRunner, "__init__", padded)
+    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=33, max_num_seqs=8,
+                              decode_tokens_in_budget=False)
+    assert tok == ref_tok
+    for a, b in zip(logits, ref_logits):
+        for x, y in zip(a, b):
+            assert rel_err(x, y) < 1e-5
+    eager = {t for t, dec in sizes if not dec}
+    assert eager == {33, 41}, sizes                      # the budget, and the budget + 8 sequences
+
+
+@pytest.mark.parametrize("in_budget", [True, False], ids=["decodes-in-budget", "decodes-on-top"])
 @pytest.mark.parametrize("budget", [7, 16, 33])
-def test_chunked_equals_unchunked(model, monkeypatch, budget):
+def test_chunked_equals_unchunked(model, monkeypatch, budget, in_budget):
     prompts = _prompts()
     ref_tok, ref_logits, ref_kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=4096)
-    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget,
+                              decode_tokens_in_budget=in_budget)
     assert tok == ref_tok
     for a, b in zip(logits, ref_logits):
         assert len(a) == len(b) == 4
@@ -176,3 +210,27 @@ def test_mixed_steps_linear_attention_decodes_take_the_one_token_kernels(model, 
             assert rel_err(x, y) < 1e-5
     pairs = [(a, b) for a, b in zip(calls, calls[1:]) if a[0] == "decode" and b[0] == "prefill"]
     assert pairs and all(a[1] + b[1] <= 16 for a, b in pairs)       # one mixed step's rows, split
+
+
+@pytest.mark.parametrize("in_budget", [True, False], ids=["decodes-in-budget", "decodes-on-top"])
+def test_a_chunk_beside_decodes_takes_the_budget_or_what_the_decodes_leave(model, in_budget):
+    """Three requests decoding, then a 100-token prompt with a budget of 32: vLLM's policy gives
+    its chunks 32 - 3 = 29 tokens; with the decodes on top of the budget, chunks of 32 and steps
+    of 35 (the chunk keeps the budget's length: a planned attention shape on a GPU)."""
+    eng = Engine(model, max_num_seqs=4, max_model_len=128, block_size=8, max_num_batched_tokens=32,
+                 enable_prefix_caching=False, decode_tokens_in_budget=in_budget)
+    for i in range(3):
+        eng.add_request(f"d{i}", [5 + i, 6, 7], SamplingParams(max_new_tokens=40))
+    eng.step()
+    eng.step()
+    eng.add_request("long", list(range(1, 101)), SamplingParams(max_new_tokens=1))
+    seen = []
+    while eng.has_unfinished():
+        eng.step()
+        st = eng.last_step
+        if st is not None and st.kind == "mixed":
+            seen.append((st.tokens, st.seqs))
+    chunk = 29 if in_budget else 32
+    beside = [t - 3 for t, n in seen if n == 4]                # the prompt's tokens in each step beside the decodes
+    assert beside[:3] == [chunk] * 3, seen
+    assert sum(beside) == 100, seen                             # all of it went in beside the decodes

@@ -284,3 +284,30 @@ def test_graph_decode_equals_eager_gated_deltanet(fake_graphs):
     runner, got = _decode_logits(qwen, prompts, 6, graphs_on=True)
     assert runner.graphs is not None and runner.graphs.graphs
     assert got == eager
+
+
+def test_warm_up_meets_full_chunks_beside_decodes_when_decodes_ride_on_top(model, monkeypatch):
+    """With decode_tokens_in_budget off, a served step can be the whole budget's chunk plus a
+    decode per other sequence: the warm-up runs one such step per padded size past the budget
+    (here 64 + 3: 4 sequences, one for the chunk), where steps are padded (every GPU)."""
+    from kernelgate.executor import model_runner
+    real_init = model_runner.ModelRunner.__init__
+
+    def padded(self, *a, **k):
+        real_init(self, *a, **k)
+        self.pad_steps = True
+    monkeypatch.setattr(model_runner.ModelRunner, "__init__", padded)
+    eng = Engine(model, max_num_seqs=4, max_model_len=256 + 1, max_num_batched_tokens=64, graphs=False,
+                 decode_tokens_in_budget=False)
+    steps = []
+    real = eng.step
+
+    def step():
+        outs = real()
+        if eng.last_step is not None:
+            steps.append((eng.last_step.kind, eng.last_step.tokens, eng.last_step.seqs))
+        return outs
+    eng.step = step
+    warm_up(eng, log=lambda m: None, every_shape=True)
+    assert ("mixed", 67, 4) in steps, steps
+    assert_drained(eng)
