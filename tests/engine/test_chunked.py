@@ -48,13 +48,9 @@ def _run(model, prompts, monkeypatch, **knobs):
     return [toks[str(i)] for i in range(len(prompts))], [logits[id(p)] for p in params], kinds
 
 
-@pytest.mark.parametrize("budget", [4096, 33])
-def test_padded_eager_steps_change_nothing(model, monkeypatch, budget):
-    """Eager prefill / mixed steps padded to a few sizes (what every non-CPU device does) by one
-    more sequence in the scratch slot and block: the same tokens and logits as unpadded steps,
-    pure decode steps untouched, and each padded step really ran at its padded size."""
-    prompts = _prompts()                                   # 119 prompt tokens
-    ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+def _padded_steps(model, monkeypatch) -> list:
+    """Engines built from now on pad their eager steps (as on a GPU); -> the list that will hold
+    each model step's (tokens, decode?, sequences)."""
     sizes = []
     real_step = type(model).step
 
@@ -68,6 +64,17 @@ def test_padded_eager_steps_change_nothing(model, monkeypatch, budget):
         real_init(self, *a, **k)
         self.pad_steps = True
     monkeypatch.setattr(model_runner.ModelRunner, "__init__", padded)
+    return sizes
+
+
+@pytest.mark.parametrize("budget", [4096, 33])
+def test_padded_eager_steps_change_nothing(model, monkeypatch, budget):
+    """Eager prefill / mixed steps padded to a few sizes (what every non-CPU device does) by one
+    more sequence in the scratch slot and block: the same tokens and logits as unpadded steps,
+    pure decode steps untouched, and each padded step really ran at its padded size."""
+    prompts = _prompts()                                   # 119 prompt tokens
+    ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
+    sizes = _padded_steps(model, monkeypatch)
     tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=budget)
     assert tok == ref_tok
     for a, b in zip(logits, ref_logits):
@@ -93,26 +100,14 @@ def test_padded_steps_past_the_budget_change_nothing(model, monkeypatch):
     budget, padded up to the largest step (budget + max_num_seqs): the same tokens and logits."""
     prompts = _prompts()
     ref_tok, ref_logits, _ = _run(model, prompts, monkeypatch, max_num_batched_tokens=33)
-    sizes = []
-    real_step = type(model).step
-
-    def spy(self, tokens, batch, cache):
-        sizes.append((tokens.shape[0], batch.decode))
-        return real_step(self, tokens, batch, cache)
-    monkeypatch.setattr(type(model), "step", spy)
-    real_init = model_runner.ModelRunner.__init__
-
-    def padded(self, *a, **k):
-        real_init(self, *a, **k)
-        self.pad_steps = True
-    monkeypatch.setattr(model_runner.ModelRunner, "__init__", padded)
+    sizes = _padded_steps(model, monkeypatch)
     tok, logits, kinds = _run(model, prompts, monkeypatch, max_num_batched_tokens=33, max_num_seqs=8,
                               decode_tokens_in_budget=False)
     assert tok == ref_tok
     for a, b in zip(logits, ref_logits):
         for x, y in zip(a, b):
             assert rel_err(x, y) < 1e-5
-    eager = {t for t, dec in sizes if not dec}
+    eager = {t for t, dec, _ in sizes if not dec}
     assert eager == {33, 41}, sizes                      # the budget, and the budget + 8 sequences
 
 
