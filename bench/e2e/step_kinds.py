@@ -6,6 +6,7 @@ a pure prefill step of the same chunk. The budget (max_num_batched_tokens) sets 
 
     PYTHONPATH=. python bench/e2e/step_kinds.py --layers 27 --context 32768,131072 --batch 4
     PYTHONPATH=. python bench/e2e/step_kinds.py --tiny --device cpu --context 300 --budget 64   # smoke run
+    PYTHONPATH=. python bench/e2e/step_kinds.py --layers 27 --context 131072 --batch 4 --kernels   # + kernel parts
 
 Also printed: the prompt tokens' rate over the whole batch, and the model FLOPs per prompt token
 at the mean context (MoE's active experts, the dense layers, KDA's chunked form, MLA over the
@@ -51,6 +52,9 @@ def main() -> None:
     ap.add_argument("--peak", type=float, default=790.0, help="bf16 TFLOP/s of the device (measured)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--kernels", action="store_true",
+                    help="then one prompt of the last context alone under torch.profiler: its prefill's GPU kernel "
+                         "time by part (attention, experts, dense GEMMs, KDA, ...) and the top kernels")
     a = ap.parse_args()
     import kernelgate
     from kernelgate.models import build, real_width, tiny
@@ -97,7 +101,57 @@ def main() -> None:
             d = f"{dmed[kind]:.4f}" if kind in dmed else ""
             print(f"| {ctx} | {a.batch} | {kind} | {len(by[kind])} | {med[kind]:.4f} | {d} | "
                   f"{statistics.median(n for _, n in by[kind])} | {ratio} | {tail} |", flush=True)
+    if a.kernels and dev.type == "cuda":
+        kernels(model, eng, cfg, ctxs[-1])
     eng.close()
+
+
+# a kernel's part of a prefill step, by name (first match; torch / cuBLAS / cuDNN / fla / kernelgate names)
+PARTS = [("attention (cuDNN / FA2 / mem-efficient)", r"sdpa|flash_fwd|fmha|attention|cudnn"),
+         ("experts grouped GEMMs", r"_gate_up_kernel|_down_kernel"),
+         ("experts routing / sums", r"moe_align|_count_kernel|_scan_kernel|_scatter|_sum_k|topk|grouped"),
+         ("KDA (fla chunk kernels, conv)", r"chunk|kda|solve_tril|recompute|delta|_conv|wy_|_fwd_kernel"),
+         ("dense GEMMs (cuBLAS)", r"nvjet|gemm|xmma|cutlass|sm90_|sm80_"),
+         ("norms", r"norm"),
+         ("elementwise, copies, gathers", r"elementwise|copy|Memcpy|Memset|Cat|fill|index|gather|scatter|reduce")]
+
+
+def part_of(name: str) -> str:
+    import re
+    for part, pat in PARTS:
+        if re.search(pat, name, re.IGNORECASE):
+            return part
+    return "other"
+
+
+def kernels(model, eng, cfg, ctx: int) -> None:
+    """One prompt of ctx tokens (its prefill steps) under torch.profiler: GPU time by part."""
+    import kernelgate
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        kernelgate.generate(model, [prompt], max_new_tokens=1, stop_token_ids=(), engine=eng)
+        torch.cuda.synchronize()
+    by_name: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t, n = by_name.get(e.name, (0.0, 0))
+            by_name[e.name] = (t + e.time_range.elapsed_us() / 1e3, n + 1)
+    total = sum(t for t, _ in by_name.values())
+    parts: dict = {}
+    for name, (t, _) in by_name.items():
+        parts[part_of(name)] = parts.get(part_of(name), 0.0) + t
+    fpt = flops_per_token(cfg, ctx / 2)
+    print(f"\none prompt of {ctx} tokens: GPU kernels {total:.0f} ms ({ctx / total * 1e3:,.0f} tok/s of kernel time, "
+          f"{ctx * fpt / (total * 1e-3) / 1e12:.0f} TFLOP/s at {fpt / 1e9:.2f} GFLOP/token)")
+    print("| part | ms | share |\n|---|---:|---:|")
+    for part, t in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"| {part} | {t:.1f} | {t / total:.1%} |")
+    print("| kernel | part | ms | launches |\n|---|---|---:|---:|")
+    for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:20]:
+        print(f"| {name[:80]} | {part_of(name)} | {t:.1f} | {n} |")
 
 
 if __name__ == "__main__":
