@@ -13,6 +13,7 @@ from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.registry import FallbackWarning, checked
 from attn_refs import Problem, rel
 from helpers.planned import planned_stand_in
+from helpers.impls import on_device
 
 OP = "paged_attention_prefill"
 VARIANTS = [("native", None), ("sdpa", None), ("triton", "cuda"), ("triton", "xpu")]
@@ -26,7 +27,7 @@ def run(impl, plat, *args, **kwargs):
         why = op.impls[impl].unavailable(platform.current())
         if why:
             pytest.skip(why)
-        return op(*args, **kwargs)
+        return on_device(op, *args, **kwargs)
 
 
 def _ids(v):
@@ -142,7 +143,7 @@ def _launch(*args, **kwargs):
         pytest.skip("Triton needs a GPU or TRITON_INTERPRET=1")
     from kernelgate.ops.attention import paged_attention_prefill_triton
     with alloc.poisoned():
-        return paged_attention_prefill_triton.launch(*args, **kwargs)
+        return on_device(paged_attention_prefill_triton.launch, *args, **kwargs)
 
 
 @pytest.mark.parametrize("bq,block_n", [(1, 16), (4, 32), (16, 64)], ids=["BQ1-BN16", "BQ4-BN32", "BQ16-BN64"])

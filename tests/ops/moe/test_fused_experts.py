@@ -10,6 +10,7 @@ import torch
 from kernelgate import KernelgateError, platform, registry
 from kernelgate.ops.moe.fused_experts import make_inputs
 from kernelgate.tools.testing import assert_close
+from helpers.impls import on_device
 
 OP = registry.get("fused_experts")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -25,7 +26,7 @@ def _runnable(args, kwargs=None):
             continue
         if impl.supports and impl.supports(*args, **kwargs):
             continue
-        out.append((impl.name, impl.callable()))
+        out.append((impl.name, lambda *a, _fn=impl.callable(), **k: on_device(_fn, *a, **k)))
     return out
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernelgate import KernelgateError, alloc, platform
+from helpers.impls import on_device
 
 pytestmark = pytest.mark.skipif(platform.current().triton is not None,
                                 reason="Triton cannot run here (set TRITON_INTERPRET=1 on CPU)")
@@ -64,7 +65,7 @@ def _check_contract(pairs, block_expert, ids, E, block_m):
 def _run(ids, E, block_m, chunk=None):
     from kernelgate.ops.moe.moe_align_triton import max_blocks, moe_align
     with alloc.poisoned():
-        pairs, block_expert = moe_align(ids, E, block_m, chunk=chunk)
+        pairs, block_expert = on_device(moe_align, ids, E, block_m, chunk=chunk)
     nb = max_blocks(ids.numel(), E, block_m)
     assert pairs.shape == (nb * block_m,) and block_expert.shape == (nb,)
     assert pairs.dtype == block_expert.dtype == torch.int32

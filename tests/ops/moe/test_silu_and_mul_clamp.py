@@ -8,13 +8,15 @@ import torch.nn.functional as F
 
 from kernelgate import KernelgateError, registry
 from helpers.impls import poisoned_impl
+from helpers.impls import on_device
 
 OP = "silu_and_mul_clamp"
 
 
 @pytest.fixture(params=["native", "triton"])
 def run(request):
-    return poisoned_impl(OP, request.param)
+    fn = poisoned_impl(OP, request.param)
+    return lambda *a, **k: on_device(fn, *a, **k)
 
 
 def _silu(v):

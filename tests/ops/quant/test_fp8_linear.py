@@ -8,6 +8,7 @@ from kernelgate import KernelgateError, alloc, platform, registry
 from kernelgate.ops.quant import dequantize_fp8, quantize_fp8_block, quantize_fp8_channel, quantize_fp8_groups
 from kernelgate.platform import Device
 from kernelgate.tools.testing import assert_close
+from helpers.impls import on_device
 
 OP = registry.get("fp8_linear")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
@@ -41,7 +42,7 @@ def _weights(N, K, block, seed=0):
 
 def _impl(name, **config):
     fn = OP.impls[name].callable()
-    return lambda *a, **kw: fn(*a, **kw, **config)
+    return lambda *a, **kw: on_device(fn, *a, **kw, **config)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
