@@ -44,8 +44,9 @@ def _poison(eng):
         t.fill_(float("nan"))
 
 
+@pytest.mark.parametrize("in_budget", [True, False], ids=["decodes-in-budget", "decodes-on-top"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_small_cache_completes_everything_through_preemption(model, sampled):
+def test_small_cache_completes_everything_through_preemption(model, sampled, in_budget):
     prompts = _prompts()
     kw = dict(temperature=1.3, top_p=0.9) if sampled else {}
     params = lambda: [SamplingParams(max_new_tokens=10, seed=100 + i, **kw) for i in range(len(prompts))]  # noqa: E731
@@ -53,7 +54,7 @@ def test_small_cache_completes_everything_through_preemption(model, sampled):
     ref, _, none = _drive(free, prompts, params())
     # 9 blocks of 4 = 36 tokens for six requests of up to 27 tokens: decodes run out of blocks
     small = Engine(model, max_num_seqs=6, max_model_len=32, block_size=4, num_cache_blocks=9,
-                   max_num_batched_tokens=16)
+                   max_num_batched_tokens=16, decode_tokens_in_budget=in_budget)
     _poison(small)
     got, reasons, preempted = _drive(small, prompts, params())
     assert none == 0 and preempted > 0

@@ -97,7 +97,8 @@ def test_a_four_turn_chat_resends_the_conversation(model, async_scheduling):
     assert_drained(on)
 
 
-def test_branching_requests_share_random_length_prefixes(model):
+@pytest.mark.parametrize("in_budget", [True, False], ids=["decodes-in-budget", "decodes-on-top"])
+def test_branching_requests_share_random_length_prefixes(model, in_budget):
     roots = [_rand(60, 20 + r) for r in range(3)]
     g = torch.Generator().manual_seed(5)
     reqs = []
@@ -106,7 +107,7 @@ def test_branching_requests_share_random_length_prefixes(model):
         cut = int(torch.randint(1, 60, (1,), generator=g))
         reqs.append((f"r{i}", root[:cut] + _rand(int(torch.randint(1, 12, (1,), generator=g)), 100 + i)))
     batches = [reqs[i:i + 3] for i in range(0, len(reqs), 3)]       # some together, some after others
-    got = _check(model, batches, max_num_seqs=3, prefix_snapshots=64)
+    got = _check(model, batches, max_num_seqs=3, prefix_snapshots=64, decode_tokens_in_budget=in_budget)
     assert sum(1 for _, _, c in got.values() if c > 0) >= 13      # (the first on each root, and cuts inside its
                                                                    # first blocks, find nothing)
 
