@@ -2,7 +2,8 @@
 a prefill step's shape: T tokens (default 8,192, the token budget) routed top-8 over 256 experts
 plus the shared expert stacked as a ninth slot (the model's call), bf16, uniform routing.
 
-For each BLOCK_M (rows of one expert per program: 64 is what block_m_for gives a prefill step) and
+For each BLOCK_M (rows of one expert per program: 128 is what block_m_for gives a prefill step),
+GROUP_M (row blocks that take all their column tiles together, for L2 reuse of their rows) and
 each (BLOCK_N, BLOCK_K, warps, stages), the gate/up and the down kernel run on their own: output
 checked against one fixed launch, then timed (median, CUDA events). TFLOP/s counts 2 * pairs * N * K
 per GEMM (gate/up: both halves), not the rows padded to BLOCK_M. Also timed: the dispatched call
@@ -54,6 +55,8 @@ def main() -> int:
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
     ap.add_argument("--block-m", default="64,128", help="BLOCK_M values, comma-separated")
     ap.add_argument("--quick", action="store_true", help="a few launches per BLOCK_M instead of 54")
+    ap.add_argument("--group-m", default="1,8", help="GROUP_M values (row blocks that take all their column "
+                                                     "tiles together: L2 reuse of their rows), comma-separated")
     ap.add_argument("--tiny", action="store_true", help="small shapes, any device (the interpreter on a CPU)")
     a = ap.parse_args()
     dev = platform.default_device()
@@ -71,15 +74,15 @@ def main() -> int:
     ieee = dtype == torch.float32
     gu_flop, d_flop = 2 * P * 2 * I * D, 2 * P * D * I
 
-    def gate_up(sp, be, h, bm, bn, bk, w, st):
-        ft._gate_up_kernel[(be.numel(), triton.cdiv(I, bn))](
-            x, wgu, h, sp, be, P, I, D, bucket, x.stride(0), x.stride(1), *wgu.stride(), 0.0, k1,
-            HAS_LIMIT=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
+    def gate_up(sp, be, h, bm, bn, bk, w, st, g=1):
+        ft._gate_up_kernel[(be.numel() * triton.cdiv(I, bn),)](
+            x, wgu, h, sp, be, P, I, D, bucket, be.numel(), x.stride(0), x.stride(1), *wgu.stride(), 0.0, k1,
+            HAS_LIMIT=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, num_warps=w, num_stages=st)
 
-    def down(sp, be, h, y, bm, bn, bk, w, st):
-        ft._down_kernel[(be.numel(), triton.cdiv(D, bn))](
-            h, wd, y, tw, sp, be, P, D, I, bucket, *wd.stride(), IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=w, num_stages=st)
+    def down(sp, be, h, y, bm, bn, bk, w, st, g=1):
+        ft._down_kernel[(be.numel() * triton.cdiv(D, bn),)](
+            h, wd, y, tw, sp, be, P, D, I, bucket, be.numel(), *wd.stride(), IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_K=bk, GROUP_M=g, num_warps=w, num_stages=st)
 
     # the fixed launch every other one is checked against
     sp, be = moe_align(ids, E1, 64 if not a.tiny else 16)
@@ -98,19 +101,22 @@ def main() -> int:
     t_sum = benchmark.time_ms(lambda: ft.sum_slots(ref_y, ids, o, E1), dev)
     print(f"dispatched call {t_call * 1e3:,.0f} µs ({(gu_flop + d_flop) / t_call / 1e9:,.0f} TFLOP/s over the call; "
           f"BLOCK_M {r.block_m}); moe_align {t_align * 1e3:,.0f} µs, sum over slots {t_sum * 1e3:,.0f} µs\n")
-    print("| BLOCK_M | padded rows | BLOCK_N | BLOCK_K | warps | stages | gate/up µs | TFLOP/s | down µs | TFLOP/s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| BLOCK_M | padded rows | GROUP_M | BLOCK_N | BLOCK_K | warps | stages | gate/up µs | TFLOP/s | down µs "
+          "| TFLOP/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    groups = [int(v) for v in a.group_m.split(",")] if not a.tiny else [1, 2]
     best = {}
     for bm in [int(v) for v in a.block_m.split(",")] if not a.tiny else [16, 32]:
         sp, be = moe_align(ids, E1, bm)
         pad = be.numel() * bm / P - 1
         h = torch.empty_like(ref_h)
         y = torch.empty_like(ref_y)
-        for bn, bk, w, st in launches(a.quick) if not a.tiny else [(32, 32, 4, 2), (64, 32, 4, 2)]:
+        for g, (bn, bk, w, st) in itertools.product(
+                groups, launches(a.quick) if not a.tiny else [(32, 32, 4, 2), (64, 32, 4, 2)]):
             cells = []
             for name, halves, fn, flop, got, ref in (
-                    ("gate/up", 2, lambda: gate_up(sp, be, h, bm, bn, bk, w, st), gu_flop, h, ref_h),
-                    ("down", 1, lambda: down(sp, be, ref_h, y, bm, bn, bk, w, st), d_flop, y, ref_y)):
+                    ("gate/up", 2, lambda: gate_up(sp, be, h, bm, bn, bk, w, st, g), gu_flop, h, ref_h),
+                    ("down", 1, lambda: down(sp, be, ref_h, y, bm, bn, bk, w, st, g), d_flop, y, ref_y)):
                 if not fits(bm, bn, bk, st, halves):
                     cells += ["(smem)", ""]
                     continue
@@ -127,11 +133,12 @@ def main() -> int:
                 ms = benchmark.time_ms(fn, dev, rep_ms=100.0)
                 tf = flop / ms / 1e9
                 if tf > best.get(name, (0,))[0]:
-                    best[name] = (tf, ms, (bm, bn, bk, w, st))
+                    best[name] = (tf, ms, (bm, g, bn, bk, w, st))
                 cells += [f"{ms * 1e3:,.0f}", f"{tf:,.0f}"]
-            print(f"| {bm} | {pad:.1%} | {bn} | {bk} | {w} | {st} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {bm} | {pad:.1%} | {g} | {bn} | {bk} | {w} | {st} | " + " | ".join(cells) + " |", flush=True)
     for name, (tf, ms, cfg) in best.items():
-        print(f"best {name}: {ms * 1e3:,.0f} µs, {tf:,.0f} TFLOP/s at BLOCK_M, BLOCK_N, BLOCK_K, warps, stages = {cfg}")
+        print(f"best {name}: {ms * 1e3:,.0f} µs, {tf:,.0f} TFLOP/s at BLOCK_M, GROUP_M, BLOCK_N, BLOCK_K, warps, "
+              f"stages = {cfg}")
     return 0
 
 

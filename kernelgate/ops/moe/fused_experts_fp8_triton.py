@@ -26,7 +26,7 @@ from ..quant.fp8_gemv_triton import k_tile
 from ..quant.fp8_linear_triton import operand_flags, w8a16_part
 from ..quant.fp8_triton import MODES, SCALE, mode_for
 from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
-from .fused_experts_triton import _TUNE_MIN_WEIGHTS, _tuned, launch_config, route, sum_slots
+from .fused_experts_triton import _TUNE_MIN_WEIGHTS, _tile, _tuned, launch_config, route, sum_slots
 
 
 @triton.jit
@@ -49,14 +49,13 @@ def _finish(acc, s_rows, n_ok, out_mul, ONE_KBLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["P"])
-def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET, NB,
                     sxt, sxd, swe, swn, swk, sse, ssn, ssk, bn, bk, limit, out_mul, TOPK,
                     HAS_LIMIT: tl.constexpr, MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, X16: tl.constexpr,
                     SCALED: tl.constexpr, F32: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # N = I (h columns), K = D. Weight rows [0, N) are gate, [N, 2N) are up.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = _tile(NB, N, BLOCK_N, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -92,13 +91,13 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, P,
 
 
 @triton.jit(do_not_specialize=["P"])
-def _down_kernel(h_ptr, w_ptr, s_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
+def _down_kernel(h_ptr, w_ptr, s_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET, NB,
                  swe, swn, swk, sse, ssn, ssk, bn, bk, out_mul,
                  MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, X16: tl.constexpr, SCALED: tl.constexpr,
-                 F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
     # N = D (output columns), K = I.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = _tile(NB, N, BLOCK_N, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -150,13 +149,13 @@ def fused_experts_fp8_triton(x, w_gate_up, w_down, topk_weights, topk_ids, w_gat
         meta["BLOCK_K"] = min(meta["BLOCK_K"], kmax)
     wgu, wdn = w_gate_up.view(torch.uint8), w_down.view(torch.uint8)
     sgu, sdn = w_gate_up_scale, w_down_scale
-    gate_up[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
-        x, wgu, sgu, h, r.sorted_pairs, r.block_expert, P, I, D, r.bucket,
+    gate_up[lambda META: (nb * triton.cdiv(I, META["BLOCK_N"]),)](
+        x, wgu, sgu, h, r.sorted_pairs, r.block_expert, P, I, D, r.bucket, nb,
         x.stride(0), x.stride(1), *wgu.stride(), *sgu.stride(), gbn, gbk,
         float(swiglu_limit) if swiglu_limit is not None else 0.0, SCALE[mode], topk_ids.shape[1],
         HAS_LIMIT=swiglu_limit is not None, MODE=mode, ONE_KBLOCK=triton.cdiv(D, gbk) == 1, **flags,
         BLOCK_M=r.block_m, **meta)
-    down[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
-        h, wdn, sdn, y, wts, r.sorted_pairs, r.block_expert, P, D, I, r.bucket, *wdn.stride(), *sdn.stride(),
+    down[lambda META: (nb * triton.cdiv(D, META["BLOCK_N"]),)](
+        h, wdn, sdn, y, wts, r.sorted_pairs, r.block_expert, P, D, I, r.bucket, nb, *wdn.stride(), *sdn.stride(),
         dbn, dbk, SCALE[mode], MODE=mode, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, **flags, BLOCK_M=r.block_m, **meta)
     return sum_slots(y, r.ids, out, E)

@@ -29,14 +29,17 @@ def _configs():
     # (BLOCK_N, BLOCK_K, warps, stages); BLOCK_M is fixed by the permutation, not tuned. The last
     # three are the prefill GEMMs' best at BLOCK_M 128 (bench/ops/fused_experts_prefill_sweep.py;
     # a config whose tiles exceed shared memory is skipped by the autotuner).
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-            for bn, bk, w, st in ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4),
-                                  (128, 128, 8, 3), (64, 256, 4, 3),
-                                  (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3))]
+    # GROUP_M > 1: GROUP_M row blocks take all their column tiles one after another (_tile), so
+    # the programs resident at once share their rows (h in the down GEMM: 151 MB at a Kimi 8k
+    # chunk, re-read per column tile otherwise) in L2; tried beside 1 for the prefill launches.
+    plain = ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3), (64, 256, 4, 3))
+    prefill = ((128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3))
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_warps=w, num_stages=st)
+            for (bn, bk, w, st), g in [(c, 1) for c in plain + prefill] + [(c, 8) for c in prefill]]
 
 
 # Small problems (tests, toy models) and the interpreter: one fixed config per platform, no tuning cost.
-_FIXED = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+_FIXED = dict(BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3)
 LAUNCH = {
     # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 stages need 72 KiB (compile_targets: gfx90a, gfx942)
     "rocm": dict(_FIXED, num_stages=2),
@@ -68,15 +71,27 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
+@triton.jit
+def _tile(NB, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column tile) of this program in a 1-D grid of NB x cdiv(N, BLOCK_N): GROUP_M
+    row blocks take all their column tiles before the next GROUP_M (GROUP_M 1: row blocks vary
+    fastest, each column tile in turn)."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles
+    first = (pid // per_group) * GROUP_M
+    rows = tl.minimum(NB - first, GROUP_M)
+    return first + (pid % per_group) % rows, (pid % per_group) // rows
+
+
 # P (pairs) is not specialised on: odd and even token counts share one compiled program
 @triton.jit(do_not_specialize=["P"])
-def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
+def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET, NB,
                     sxt, sxd, swe, swn, swk, limit, TOPK,
                     HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # N = I (h columns), K = D. Weight rows [0, N) are gate, [N, 2N) are up.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = _tile(NB, N, BLOCK_N, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -107,12 +122,12 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ptr, block_expert_ptr, P, N, K, 
 
 
 @triton.jit(do_not_specialize=["P"])
-def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET,
+def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, P, N, K, P_BUCKET, NB,
                  swe, swn, swk,
-                 IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
     # N = D (output columns), K = I.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_m, pid_n = _tile(NB, N, BLOCK_N, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -207,12 +222,12 @@ def fused_experts_triton(x, w_gate_up, w_down, topk_weights, topk_ids, activatio
     gate_up = _tuned(_gate_up_kernel) if tune else _gate_up_kernel
     down = _tuned(_down_kernel) if tune else _down_kernel
     meta = {} if tune else launch_config(platform.current())
-    gate_up[lambda META: (nb, triton.cdiv(I, META["BLOCK_N"]))](
-        x, w_gate_up, h, r.sorted_pairs, r.block_expert, P, I, D, bucket,
+    gate_up[lambda META: (nb * triton.cdiv(I, META["BLOCK_N"]),)](
+        x, w_gate_up, h, r.sorted_pairs, r.block_expert, P, I, D, bucket, nb,
         x.stride(0), x.stride(1), *w_gate_up.stride(),
         float(swiglu_limit) if swiglu_limit is not None else 0.0, k,
         HAS_LIMIT=swiglu_limit is not None, IEEE=ieee, BLOCK_M=bm, **meta)
-    down[lambda META: (nb, triton.cdiv(D, META["BLOCK_N"]))](
-        h, w_down, y, wts, r.sorted_pairs, r.block_expert, P, D, I, bucket, *w_down.stride(),
+    down[lambda META: (nb * triton.cdiv(D, META["BLOCK_N"]),)](
+        h, w_down, y, wts, r.sorted_pairs, r.block_expert, P, D, I, bucket, nb, *w_down.stride(),
         IEEE=ieee, BLOCK_M=bm, **meta)
     return sum_slots(y, r.ids, out, E)
