@@ -55,8 +55,9 @@ def main() -> int:
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
     ap.add_argument("--block-m", default="64,128", help="BLOCK_M values, comma-separated")
     ap.add_argument("--quick", action="store_true", help="a few launches per BLOCK_M instead of 54")
-    ap.add_argument("--group-m", default="1,8", help="GROUP_M values (row blocks that take all their column "
-                                                     "tiles together: L2 reuse of their rows), comma-separated")
+    ap.add_argument("--group-m", default="0,1,8", help="GROUP_M values (row blocks that take all their column "
+                                                       "tiles together: L2 reuse of their rows; 0: every row "
+                                                       "block, one column tile after another), comma-separated")
     ap.add_argument("--tiny", action="store_true", help="small shapes, any device (the interpreter on a CPU)")
     a = ap.parse_args()
     dev = platform.default_device()
@@ -74,12 +75,12 @@ def main() -> int:
     ieee = dtype == torch.float32
     gu_flop, d_flop = 2 * P * 2 * I * D, 2 * P * D * I
 
-    def gate_up(sp, be, h, bm, bn, bk, w, st, g=1):
+    def gate_up(sp, be, h, bm, bn, bk, w, st, g=0):
         ft._gate_up_kernel[(be.numel() * triton.cdiv(I, bn),)](
             x, wgu, h, sp, be, P, I, D, bucket, be.numel(), x.stride(0), x.stride(1), *wgu.stride(), 0.0, k1,
             HAS_LIMIT=False, IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, num_warps=w, num_stages=st)
 
-    def down(sp, be, h, y, bm, bn, bk, w, st, g=1):
+    def down(sp, be, h, y, bm, bn, bk, w, st, g=0):
         ft._down_kernel[(be.numel() * triton.cdiv(D, bn),)](
             h, wd, y, tw, sp, be, P, D, I, bucket, be.numel(), *wd.stride(), IEEE=ieee, BLOCK_M=bm, BLOCK_N=bn,
             BLOCK_K=bk, GROUP_M=g, num_warps=w, num_stages=st)
@@ -104,7 +105,7 @@ def main() -> int:
     print("| BLOCK_M | padded rows | GROUP_M | BLOCK_N | BLOCK_K | warps | stages | gate/up µs | TFLOP/s | down µs "
           "| TFLOP/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    groups = [int(v) for v in a.group_m.split(",")] if not a.tiny else [1, 2]
+    groups = [int(v) for v in a.group_m.split(",")] if not a.tiny else [0, 2]
     best = {}
     for bm in [int(v) for v in a.block_m.split(",")] if not a.tiny else [16, 32]:
         sp, be = moe_align(ids, E1, bm)

@@ -29,17 +29,18 @@ def _configs():
     # (BLOCK_N, BLOCK_K, warps, stages); BLOCK_M is fixed by the permutation, not tuned. The last
     # three are the prefill GEMMs' best at BLOCK_M 128 (bench/ops/fused_experts_prefill_sweep.py;
     # a config whose tiles exceed shared memory is skipped by the autotuner).
-    # GROUP_M > 1: GROUP_M row blocks take all their column tiles one after another (_tile), so
+    # GROUP_M > 0: GROUP_M row blocks take all their column tiles one after another (_tile), so
     # the programs resident at once share their rows (h in the down GEMM: 151 MB at a Kimi 8k
-    # chunk, re-read per column tile otherwise) in L2; tried beside 1 for the prefill launches.
+    # chunk, re-read per column tile otherwise) in L2; tried beside 0 (every row block, one column
+    # tile after another: the order measured before) for the prefill launches.
     plain = ((32, 128, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 8, 3), (64, 256, 4, 3))
     prefill = ((128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3))
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_warps=w, num_stages=st)
-            for (bn, bk, w, st), g in [(c, 1) for c in plain + prefill] + [(c, 8) for c in prefill]]
+            for (bn, bk, w, st), g in [(c, 0) for c in plain + prefill] + [(c, 8) for c in prefill]]
 
 
 # Small problems (tests, toy models) and the interpreter: one fixed config per platform, no tuning cost.
-_FIXED = dict(BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3)
+_FIXED = dict(BLOCK_N=64, BLOCK_K=64, GROUP_M=0, num_warps=4, num_stages=3)
 LAUNCH = {
     # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 stages need 72 KiB (compile_targets: gfx90a, gfx942)
     "rocm": dict(_FIXED, num_stages=2),
@@ -74,9 +75,11 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 @triton.jit
 def _tile(NB, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(row block, column tile) of this program in a 1-D grid of NB x cdiv(N, BLOCK_N): GROUP_M
-    row blocks take all their column tiles before the next GROUP_M (GROUP_M 1: row blocks vary
-    fastest, each column tile in turn)."""
+    row blocks take all their column tiles before the next GROUP_M; GROUP_M 0: all NB row blocks
+    vary fastest, one column tile after another (the order of a 2-D grid (NB, tiles))."""
     pid = tl.program_id(0)
+    if GROUP_M == 0:
+        return pid % NB, pid // NB
     tiles = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * tiles
     first = (pid // per_group) * GROUP_M

@@ -197,12 +197,12 @@ def test_grouped_gemm_with_blocks_of_128_rows_matches_native():
 
 
 @triton_here
-@pytest.mark.parametrize("group_m", [2, 4])
+@pytest.mark.parametrize("group_m", [0, 2, 4])
 def test_grouped_tile_order_covers_every_tile(monkeypatch, group_m):
-    """GROUP_M row blocks take all their column tiles together (_tile): with a row-block count
-    that GROUP_M does not divide (at 4 the last, partial group holds a live block) and several
-    column tiles, every tile is computed exactly once -- the bf16-weight and the FP8 grouped
-    GEMMs against their native references (fp32)."""
+    """GROUP_M row blocks take all their column tiles together (_tile; 0: the 2-D grid's order):
+    with a row-block count that GROUP_M does not divide (at 4 the last, partial group holds a
+    live block) and several column tiles, every tile is computed exactly once -- the bf16-weight
+    and the FP8 grouped GEMMs against their native references (fp32)."""
     from kernelgate.ops.moe import fused_experts_fp8 as fp8
     from kernelgate.ops.moe import fused_experts_triton as ft
     from kernelgate.ops.moe.fused_experts_fp8_triton import fused_experts_fp8_triton
@@ -214,7 +214,7 @@ def test_grouped_tile_order_covers_every_tile(monkeypatch, group_m):
         got = ft.fused_experts_triton(x, w_gate_up, w_down, topk_w, topk_ids)
     blocks = ft.route(topk_ids, 5).block_expert
     nb, live = blocks.numel(), int((blocks >= 0).sum())
-    assert nb % group_m and (group_m == 2 or live > nb - nb % group_m), (nb, live)   # a partial last group
+    assert group_m == 0 or nb % group_m and (group_m == 2 or live > nb - nb % group_m), (nb, live)   # partial group
     assert_close(got, OP.impls["native"].callable()(x, w_gate_up, w_down, topk_w, topk_ids), 1e-5,
                  what=f"GROUP_M {group_m}")
     (x, gu, dn, tw, ti, gus, dns), kw = fp8.make_inputs(40, 128, 48, 5, 2, torch.float32, "cpu",
