@@ -2,6 +2,12 @@
 # One device call: correctness on the GPU first, then benchmarks; everything is logged and
 # packed into $OUT/results.tgz (+ $OUT/summary.md). Run from the repo root on the GPU machine.
 #   bash bench/gpu_suite.sh parity bench:gated_rms_norm bench:fused_experts:nocompile 'py:bench/ops/kda_decode.py'
+# The wheels it installs (carry ".whl"; a fresh checkout has none): fla-core and transformers 5.24 for
+# the models' parity, starlette / uvicorn / httptools / pydantic for `kernelgate serve` (the image has none):
+#   echo /.whl/ >> .git/info/exclude; python3 -m pip download -q --no-deps --only-binary=:all: \
+#     --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl fla-core==0.6.0 transformers==5.24.0 starlette uvicorn httptools pydantic pydantic-core \
+#     annotated-types typing-inspection typing_extensions
 # 'sh:...' steps inherit PYTHONPATH, which puts the carried wheels (/tmp/site: fla-core, transformers)
 # first: extend it (PYTHONPATH=$PYTHONPATH:bench/e2e), never replace it -- Session 22 lost a call to a
 # probe that ran without fla (every KDA layer on the torch reference, 5x slower).
