@@ -25,10 +25,11 @@ class EngineConfig:
     max_num_seqs: int = _knob(16, "sequences in flight at once (state slots)", lo=1)
     max_model_len: int = _knob(4096, "longest prompt + output, in tokens", lo=2)
     max_num_batched_tokens: int = _knob(8192, "tokens per engine step (a long prompt prefills in chunks of this)", lo=1)
-    decode_tokens_in_budget: bool = _knob(True, "decodes count against max_num_batched_tokens (vLLM's); off: a "
-                                                "prompt's chunks get the whole budget and a step's decodes ride "
-                                                "on top (SGLang's mixed chunks): chunks keep the budget's length "
-                                                "beside running streams, steps grow by up to max_num_seqs tokens")
+    decode_tokens_in_budget: bool = _knob(False, "decodes count against max_num_batched_tokens (vLLM's policy: a "
+                                                 "prompt's chunks take what the decodes leave); off (default): "
+                                                 "the chunks get the whole budget and a step's decodes ride on top "
+                                                 "(SGLang's mixed chunks): chunks keep the budget's length beside "
+                                                 "running streams, steps grow by up to max_num_seqs tokens")
     gpu_memory_utilization: float = _knob(0.9, "share of device memory the engine may use (weights, activations, "
                                                "caches), in (0, 1]", lo=0.0, hi=1.0, lo_open=True)
     block_size: int = _knob(64, "paged attention cache block size, in tokens", lo=1)

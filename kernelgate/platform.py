@@ -216,7 +216,11 @@ def _platform_for(name: str | None, interp: bool) -> Platform:
     mode, reason = _triton_state(real.device)
     if (name is None or name == real.name) and (mode, reason) == (real.triton_mode, real.triton):
         return real
-    # A simulated platform decides dispatch; the real device still runs the kernels.
+    if name == "cpu":   # as on a CPU machine: host tensors, Triton only through the interpreter
+        mode, reason = _triton_state("cpu")
+        return Platform(name="cpu", device="cpu", real=real.name, capability=None, device_name=None,
+                        triton=reason, triton_mode=mode, streams=False)
+    # A simulated GPU platform decides dispatch; the real device still runs the kernels.
     return Platform(name=name or real.name, device=real.device, real=real.name, capability=real.capability,
                     device_name=real.device_name, triton=reason, triton_mode=mode,
                     streams=real.streams)

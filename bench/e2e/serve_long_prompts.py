@@ -46,9 +46,10 @@ def main() -> None:
                     help="bursts of long prompts, one after another beside the same short streams (fresh prompts "
                          "each), and as many offline runs: each burst's p99 against the offline median, and "
                          "their median (one burst's p99 is the slowest of 8 prompts: runs differ by ~0.1x)")
-    ap.add_argument("--decodes-on-top", action="store_true",
-                    help="serve with --no-decode-tokens-in-budget: the long prompts' chunks keep the whole budget "
-                         "beside the 64 streams' decodes (SGLang's mixed chunks) instead of what they leave (vLLM's)")
+    ap.add_argument("--decodes-in-budget", action="store_true",
+                    help="serve with --decode-tokens-in-budget: the long prompts' chunks take what the 64 streams' "
+                         "decodes leave of the budget (vLLM's policy) instead of the whole budget with the decodes "
+                         "on top (SGLang's mixed chunks, the default since Session 23)")
     a = ap.parse_args()
     if a.tiny:
         a.long, a.short, a.num_long = 512, 8, 4
@@ -59,7 +60,7 @@ def main() -> None:
     srv, base, log = serve(None if a.tiny else a.model, ["--max-num-seqs", str(a.short + a.num_long),
                                                        "--max-model-len", str(a.long + 64)]
                            + (["--log-level", "debug"] if a.trace else [])
-                           + (["--no-decode-tokens-in-budget"] if a.decodes_on_top else []))
+                           + (["--decode-tokens-in-budget"] if a.decodes_in_budget else []))
     bursts = []
     try:
         subprocess.run(bench_args(base, 8, 8, 16, 4, 0), capture_output=True, check=True)

@@ -54,7 +54,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--kernels", action="store_true",
                     help="then one prompt of the last context alone under torch.profiler: its prefill's GPU kernel "
-                         "time by part (attention, experts, dense GEMMs, KDA, ...) and the top kernels")
+                         "time by part (attention, experts, dense GEMMs, KDA, ...), the top kernels and the "
+                         "torch ops that launched them")
     a = ap.parse_args()
     import kernelgate
     from kernelgate.models import build, real_width, tiny
@@ -131,7 +132,7 @@ def kernels(model, eng, cfg, ctx: int) -> None:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         kernelgate.generate(model, [prompt], max_new_tokens=1, stop_token_ids=(), engine=eng)
         torch.cuda.synchronize()
     by_name: dict = {}
@@ -152,6 +153,12 @@ def kernels(model, eng, cfg, ctx: int) -> None:
     print("| kernel | part | ms | launches |\n|---|---|---:|---:|")
     for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:20]:
         print(f"| {name[:80]} | {part_of(name)} | {t:.1f} | {n} |")
+    # the same GPU time by the torch op that launched it (which copy, which elementwise op)
+    ops = [e for e in prof.key_averages() if e.self_device_time_total > 0 and e.key != "Command Buffer Full"
+           and e.device_type == torch.autograd.DeviceType.CPU]
+    print("| torch op (launching) | GPU ms | calls |\n|---|---:|---:|")
+    for e in sorted(ops, key=lambda e: -e.self_device_time_total)[:25]:
+        print(f"| {e.key[:60]} | {e.self_device_time_total / 1e3:.1f} | {e.count} |")
 
 
 if __name__ == "__main__":

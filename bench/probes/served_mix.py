@@ -135,8 +135,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="cProfile the host over the 'beside' phase (a 4th run)")
     ap.add_argument("--kernels", action="store_true", help="the GPU's kernel time over the 'beside' phase (a 5th run)")
-    ap.add_argument("--decodes-on-top", action="store_true",
-                    help="decode_tokens_in_budget=False: chunks keep the whole budget beside the decodes")
+    ap.add_argument("--decodes-in-budget", action="store_true",
+                    help="decode_tokens_in_budget=True (vLLM's policy): chunks take what the decodes leave")
     a = ap.parse_args()
     import kernelgate
     from kernelgate.serving.warmup import warm_up
@@ -146,7 +146,7 @@ def main() -> None:
     model = kernelgate.load_model(a.model)
     print(f"torch threads {torch.get_num_threads()}, cpus {len(__import__('os').sched_getaffinity(0))}", flush=True)
     eng = kernelgate.Engine(model, max_num_seqs=72, max_model_len=32768 + 64,
-                            decode_tokens_in_budget=not a.decodes_on_top)
+                            decode_tokens_in_budget=a.decodes_in_budget)
     warm_up(eng, log=lambda m: print(m, flush=True), every_shape=True)
     spans = DeviceSpans(eng)
     gc.callbacks.append(_gc)

@@ -3,10 +3,10 @@
 Every request is a token list (prompt, then its outputs) of which `num_computed` are in the
 cache. Each step first gives every decoding request its one token, then each running prompt,
 oldest first, the rest of its tokens (or a chunk of them) until the step's budget
-(`max_num_batched_tokens`) is spent -- vLLM's policy: a long prompt's chunks take what the
-decodes leave, so the streams already running keep their pace while it prefills (with
-`decode_tokens_in_budget` off the decodes ride on top of the budget instead, SGLang's mixed
-chunks: a chunk beside running streams keeps the budget's length) -- then waiting
+(`max_num_batched_tokens`) is spent. By default the decodes ride on top of the budget (SGLang's
+mixed chunks): a long prompt's chunk beside running streams keeps the budget's length, the
+length attention is planned for, and the prompt needs as many steps as alone; with
+`decode_tokens_in_budget` on, a chunk takes what the decodes leave (vLLM's policy) -- then waiting
 requests join while the budget, a state slot and enough cache blocks for their first chunk are
 there. A long prompt is thus
 prefilled over several steps, each chunk attending to its cached prefix, side by side with

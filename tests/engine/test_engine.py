@@ -227,13 +227,15 @@ def test_slot_and_block_reuse_start_from_zero(model):
     assert all(float(t[again].abs().sum()) == 0 and t[left].isnan().all() for t in cache.mla_cache.values())
 
 
-def test_decodes_go_first_and_prompts_take_what_is_left():
-    """vLLM's chunked-prefill policy: every decoding request gets its token each step, even when an
-    older request is prefilling a long prompt; the prompt's chunk takes the rest of the budget."""
+@pytest.mark.parametrize("in_budget", [True, False], ids=["decodes-in-budget", "decodes-on-top"])
+def test_decodes_go_first_and_prompts_take_what_is_left(in_budget):
+    """Every decoding request gets its token each step, even when an older request is prefilling a
+    long prompt; the prompt's chunk takes the rest of the budget (vLLM's policy) or, by default, the
+    whole budget with the decodes on top (SGLang's mixed chunks)."""
     from kernelgate.engine.block_manager import BlockManager
     from kernelgate.engine.scheduler import Request, Scheduler
     s = Scheduler(BlockManager(64, 4, 8), EngineConfig(max_num_seqs=4, max_num_batched_tokens=16,
-                                                        max_model_len=256))
+                                                        max_model_len=256, decode_tokens_in_budget=in_budget))
     old = Request("old-long-prompt", list(range(1, 101)), SamplingParams(max_new_tokens=4))
     new = Request("new-decoding", [1, 2, 3], SamplingParams(max_new_tokens=8))
     for r, computed in ((old, 32), (new, 3)):
@@ -243,4 +245,5 @@ def test_decodes_go_first_and_prompts_take_what_is_left():
         s.running.append(r)
     new.output = [7]                                  # its first token: one to feed
     out = s.schedule()
-    assert [(x.req.request_id, x.start, x.n) for x in out.seqs] == [("new-decoding", 3, 1), ("old-long-prompt", 32, 15)]
+    chunk = 15 if in_budget else 16
+    assert [(x.req.request_id, x.start, x.n) for x in out.seqs] == [("new-decoding", 3, 1), ("old-long-prompt", 32, chunk)]

@@ -200,8 +200,10 @@ def test_server_warm_up_meets_every_step_size_and_leaves_the_engine_clean(model)
     assert prefill.count(64) >= 1 + 256 // 64
     assert 33 in prefill                                   # an odd token count (Triton's other specialisation)
     assert any(kind == "mixed" for kind, _ in steps), steps   # a prompt joining decodes
-    # the long prompt again beside a decoding request: chunks of 63 (+ the decode), as served
-    assert sum(kind == "mixed" and t == 64 for kind, t in steps) >= 256 // 64 - 1, steps
+    # the long prompt again beside a decoding request, as served: chunks of the budget with the
+    # decode on top (the default), or of 63 + the decode (decode_tokens_in_budget)
+    mixed = 64 + (not eng.config.decode_tokens_in_budget)
+    assert sum(kind == "mixed" and t == mixed for kind, t in steps) >= 256 // 64 - 1, steps
     assert_drained(eng)
     prompts = _prompts()
     out = kernelgate.generate(model, prompts, max_new_tokens=5, stop_token_ids=[], engine=eng)
@@ -249,8 +251,10 @@ def test_mixed_step_decodes_meet_captured_shapes(model, fake_graphs, monkeypatch
         return real(q, cache, table, lens, *a, **k)
 
     def run(graphs_on):
+        # (vLLM's policy: its schedule of these prompts gives mixed steps whose decode counts are
+        # no captured batch size, so they are padded; the default's gives only one decode a step)
         eng = Engine(model, max_num_seqs=6, max_model_len=64, block_size=8, max_num_batched_tokens=12,
-                     graphs=graphs_on, enable_prefix_caching=False)
+                     graphs=graphs_on, enable_prefix_caching=False, decode_tokens_in_budget=True)
         if graphs_on:
             eng.runner.graphs.prepare(6)
         for i, p in enumerate(prompts):

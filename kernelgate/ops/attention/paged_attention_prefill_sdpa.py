@@ -22,12 +22,11 @@ themselves when they are on the host); otherwise one device -> host copy per cal
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
-
-from ... import alloc
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ... import alloc
+from ..common.lse_merge import LseSum
 from ..mla.mla_prefill_sdpa import CUDNN_MULTIPLE, attend_lse, device_kind, prefix_pieces
 from . import paged
 
@@ -40,17 +39,8 @@ _ANY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFIC
 _UNPLANNED = _ANY[1:]
 
 
-def _merge(acc, mx, den, po, plse, first):
-    """Fold a piece's (o [Hq, m, D], lse [Hq, m]) into the running sums of queries first..first+m."""
-    m_new = torch.maximum(mx[:, first:], plse)
-    a_old, a_new = torch.exp(mx[:, first:] - m_new), torch.exp(plse - m_new)
-    acc[:, first:] = acc[:, first:] * a_old[..., None] + po * a_new[..., None]
-    den[:, first:] = den[:, first:] * a_old + a_new
-    mx[:, first:] = m_new
-
-
-def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale):
-    """Output rows [t0, t1) of one sequence of L positions."""
+def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale, out):
+    """Output rows [t0, t1) of one sequence of L positions, written into `out` [t1 - t0, Hq, D]."""
     n = t1 - t0
     p0 = L - n
     Hq, D = q.shape[1], q.shape[2]
@@ -61,24 +51,23 @@ def _attend_one(q, k_cache, v_cache, table_row, t0, t1, L, scale):
         k = paged.gather(k_cache, table_row, L).transpose(0, 1)[None]        # [1, Hkv, L, D]
         v = paged.gather(v_cache, table_row, L).transpose(0, 1)[None]
         with sdpa_kernel(_ANY if L % CUDNN_MULTIPLE == 0 else _UNPLANNED):
-            out = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=G > 1)
-        return out[0].transpose(0, 1)
-    acc = torch.zeros(Hq, n, D, dtype=torch.float32, device=q.device)
-    mx = torch.full((Hq, n), float("-inf"), dtype=torch.float32, device=q.device)
-    den = torch.zeros(Hq, n, dtype=torch.float32, device=q.device)
+            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=G > 1)
+        out.copy_(o[0].transpose(0, 1))
+        return
+    total = LseSum(Hq, n, D, q.device)
     q_grouped = qi.reshape(1, Hkv, G * n, D)                                 # head h = kv * G + g
     for a, b, _ in prefix_pieces(p0, device_kind(q), PIECE):                 # prefix: every query sees it
         k = paged.gather(k_cache, table_row, b, a).transpose(0, 1)[None]     # [1, Hkv, P, D]
         v = paged.gather(v_cache, table_row, b, a).transpose(0, 1)[None]
         po, plse = attend_lse(q_grouped, k, v, scale, causal=False)
-        _merge(acc, mx, den, po.reshape(Hq, n, D), plse.reshape(Hq, n), 0)
+        total.add(po.reshape(Hq, n, D), plse.reshape(Hq, n))
     for a in range(p0, L, PIECE):                                            # chunk: causal, from a - p0 on
         b, first = min(a + PIECE, L), a - p0
         k = paged.gather(k_cache, table_row, b, a).transpose(0, 1).repeat_interleave(G, dim=0)[None]
         v = paged.gather(v_cache, table_row, b, a).transpose(0, 1).repeat_interleave(G, dim=0)[None]
         po, plse = attend_lse(qi[:, :, first:], k, v, scale, causal=True)
-        _merge(acc, mx, den, po[0], plse[0], first)
-    return (acc / den[..., None]).transpose(0, 1).to(q.dtype)
+        total.add(po[0], plse[0], first)
+    total.finish(out)
 
 
 def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_table, cu_seqlens, seq_lens, scale,
@@ -89,5 +78,5 @@ def paged_attention_prefill_sdpa(q, k_cache, v_cache, block_table, cu_seqlens, s
     for i, L in enumerate(lens):
         t0, t1 = bounds[i], bounds[i + 1]
         if t1 > t0:
-            o[t0:t1] = _attend_one(q, k_cache, v_cache, block_table[i], t0, t1, L, scale)
+            _attend_one(q, k_cache, v_cache, block_table[i], t0, t1, L, scale, o[t0:t1])
     return o

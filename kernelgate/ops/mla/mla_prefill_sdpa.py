@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from ... import alloc
 from ...platform import current
 from ...registry import FallbackWarning
+from ..common.lse_merge import LseSum
 from . import paged
 
 PIECE = 16384            # context positions expanded at a time
@@ -57,13 +58,33 @@ FORCE_LSE: str | None = None   # tests / bench: one LSE_KERNELS name, or "math" 
 _warned: set = set()
 
 
+def kv_weight(w_kv, value_dim: int, rope_dim: int, dtype):
+    """w_kv [H, Dn + Dv, R] -> [H * (Dn + Dr + Dv), R] in `dtype`: per head W_uk, Dr zero rows, W_uv.
+    One GEMM by it gives each position's keys and values side by side with an empty slot where each
+    head's key takes the shared rope key (`keys_values`)."""
+    H, _, R = w_kv.shape
+    Dn = w_kv.shape[1] - value_dim
+    w = w_kv.new_zeros(H, Dn + rope_dim + value_dim, R, dtype=dtype)
+    w[:, :Dn] = w_kv[:, :Dn]
+    w[:, Dn + rope_dim:] = w_kv[:, Dn:]
+    return w.view(-1, R)
+
+
+def keys_values(lat, w, H, Dn, Dv, R):
+    """Latents [P, R + Dr] -> keys [P, H, Dn + Dr] and values [P, H, Dv], views of one GEMM's output
+    (by `kv_weight`) with the rope key copied into each head's slot: no concatenated copy of the
+    keys (at a 128k prompt's chunk that copy moved ~350 MB per 16k-position piece)."""
+    P, Dr = lat.shape[0], lat.shape[1] - R
+    kv = (lat[:, :R] @ w.t()).view(P, H, Dn + Dr + Dv)
+    kv[..., Dn:Dn + Dr] = lat[:, None, R:]
+    return kv[..., :Dn + Dr], kv[..., Dn + Dr:]
+
+
 def expand(cache, table_row, start, end, w, H, Dn, Dv, R, dtype):
     """Positions start..end-1 -> keys [1, H, P, Dn + Dr], values [1, H, P, Dv] in `dtype`."""
     lat = paged.gather(cache, table_row, end, start).to(dtype)              # [P, R + Dr]
-    P = lat.shape[0]
-    kv = (lat[:, :R] @ w.t()).view(P, H, Dn + Dv)                           # [P, H, Dn + Dv]
-    k = torch.cat([kv[..., :Dn], lat[:, None, R:].expand(P, H, lat.shape[1] - R)], dim=-1)
-    return k.transpose(0, 1)[None], kv[..., Dn:].transpose(0, 1)[None]
+    k, v = keys_values(lat, w, H, Dn, Dv, R)
+    return k.transpose(0, 1)[None], v.transpose(0, 1)[None]
 
 
 def _math_lse(q, k, v, scale, causal, bias=None):
@@ -98,7 +119,7 @@ def _lse_cudnn(q, k, v, scale, causal, bias=None):
     q, k, v = _one_batch(q), _one_batch(k), _one_batch(v)
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, causal, False,
                                                                   scale=scale)[:2]
-    return out.float(), lse.reshape(q.shape[:3]).float()
+    return out, lse.reshape(q.shape[:3]).float()
 
 
 def _lse_flash(q, k, v, scale, causal):
@@ -106,13 +127,13 @@ def _lse_flash(q, k, v, scale, causal):
     Dv = v.shape[3]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, _pad(v, q.shape[3]), 0.0, causal, False,
                                                                   scale=scale)[:2]
-    return out[..., :Dv].float(), lse.float()
+    return out[..., :Dv], lse.float()
 
 
 def _lse_efficient(q, k, v, scale, causal):
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
                                                                       scale=scale)[:2]
-    return out.float(), lse[..., :q.shape[2]].float()      # lse may be padded along the queries
+    return out, lse[..., :q.shape[2]].float()      # lse may be padded along the queries
 
 
 def _lse_cpu_flash(q, k, v, scale, causal):
@@ -120,7 +141,7 @@ def _lse_cpu_flash(q, k, v, scale, causal):
     D = max(Dqk, Dv)   # the CPU flash kernel wants one width
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(_pad(q, D), _pad(k, D), _pad(v, D), 0.0,
                                                                           causal, scale=scale)
-    return out[..., :Dv].float(), lse.float()
+    return out[..., :Dv], lse.float()
 
 
 def _pad(t, width):
@@ -171,7 +192,8 @@ def device_kind(q) -> str:
 
 
 def attend_lse(q, k, v, scale, causal):
-    """(o fp32 [1, H, nq, Dv], lse fp32 [1, H, nq]) of one piece; top-left causal if asked."""
+    """(o [1, H, nq, Dv] in q's dtype (fp32 from the math path), lse fp32 [1, H, nq]) of one piece;
+    top-left causal if asked."""
     nk = k.shape[2]
     if causal and q.shape[2] > nk:
         # queries nk.. see the whole piece: a square causal part and an unmasked rest, so no
@@ -298,11 +320,10 @@ def _attend_run(q, cache, block_table, bounds, lens, run, w, H, Dn, Dv, R, scale
     K, bs = pos.shape[0], cache.shape[1]
     rows, pos_d, cu_d = where[:K], where[K:2 * K], where[2 * K:].int()
     lat = cache[block_table[rows, pos_d // bs].long(), pos_d % bs].to(q.dtype)   # [K, R + Dr]
-    kv = (lat[:, :R] @ w.t()).view(K, H, Dn + Dv)
-    k = torch.cat([kv[..., :Dn], lat[:, None, R:].expand(K, H, lat.shape[1] - R)], dim=-1)
+    k, v = keys_values(lat, w, H, Dn, Dv, R)
     t0, t1 = bounds[run[0]], bounds[run[-1] + 1]
     try:
-        return VARLEN_KERNELS[how](q[t0:t1], k, kv[..., Dn:], cu_d[:len(run) + 1], cu_d[len(run) + 1:],
+        return VARLEN_KERNELS[how](q[t0:t1], k, v, cu_d[:len(run) + 1], cu_d[len(run) + 1:],
                                    ns, Ls.tolist(), scale)
     except Exception as e:  # noqa: BLE001 - an unsupported shape/dtype/backend: one call per sequence
         key = (q.device.type, q.dtype, "varlen-" + how)
@@ -330,36 +351,31 @@ def prefix_pieces(p0: int, kind: str, piece: int | None = None) -> list:
     return out
 
 
-def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale):
-    """Output rows [t0, t1) of one sequence of L positions."""
+def _attend_one(q, cache, table_row, t0, t1, L, w, H, Dn, Dv, R, scale, out):
+    """Output rows [t0, t1) of one sequence of L positions, written into `out` [t1 - t0, H, Dv]."""
     n = t1 - t0
     p0 = L - n
     qi = q[t0:t1].transpose(0, 1)[None]                                      # [1, H, n, Dn + Dr]
     if p0 == 0 and L <= PIECE:
         k, v = expand(cache, table_row, 0, L, w, H, Dn, Dv, R, q.dtype)
-        out, _ = attend_lse(qi, k, v, scale, causal=True)
-        return out[0].transpose(0, 1).to(q.dtype)
-    acc = torch.zeros(H, n, Dv, dtype=torch.float32, device=q.device)
-    mx = torch.full((H, n), float("-inf"), dtype=torch.float32, device=q.device)
-    den = torch.zeros(H, n, dtype=torch.float32, device=q.device)
+        o, _ = attend_lse(qi, k, v, scale, causal=True)
+        out.copy_(o[0].transpose(0, 1))
+        return
+    total = LseSum(H, n, Dv, q.device)
     pieces = prefix_pieces(p0, device_kind(q)) + [(a, min(a + PIECE, L), True) for a in range(p0, L, PIECE)]
     for a, b, in_chunk in pieces:
         first = a - p0 if in_chunk else 0                                    # queries that see this piece
         k, v = expand(cache, table_row, a, b, w, H, Dn, Dv, R, q.dtype)
         po, plse = attend_lse(qi[:, :, first:], k, v, scale, causal=in_chunk)
-        m_new = torch.maximum(mx[:, first:], plse[0])
-        a_old, a_new = torch.exp(mx[:, first:] - m_new), torch.exp(plse[0] - m_new)
-        acc[:, first:] = acc[:, first:] * a_old[..., None] + po[0] * a_new[..., None]
-        den[:, first:] = den[:, first:] * a_old + a_new
-        mx[:, first:] = m_new
-    return (acc / den[..., None]).transpose(0, 1).to(q.dtype)
+        total.add(po[0], plse[0], first)
+    total.finish(out)
 
 
 def mla_prefill_sdpa(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale, value_dim):
     T, H, _ = q.shape
     R = w_kv.shape[2]
     Dn, Dv = w_kv.shape[1] - value_dim, value_dim
-    w = w_kv.to(q.dtype).reshape(H * (Dn + Dv), R)
+    w = kv_weight(w_kv, Dv, cache.shape[-1] - R, q.dtype)
     bounds, lens = cu_seqlens.tolist(), seq_lens.tolist()   # host copies: no sync; device ones: one
     o = alloc.empty((T, H, Dv), q.dtype, q.device)
     how = FORCE_VARLEN or VARLEN.get(device_kind(q))
@@ -371,5 +387,5 @@ def mla_prefill_sdpa(q, cache, block_table, cu_seqlens, seq_lens, w_kv, scale, v
                 continue
         for i in run:
             t0, t1 = bounds[i], bounds[i + 1]
-            o[t0:t1] = _attend_one(q, cache, block_table[i], t0, t1, lens[i], w, H, Dn, Dv, R, scale)
+            _attend_one(q, cache, block_table[i], t0, t1, lens[i], w, H, Dn, Dv, R, scale, o[t0:t1])
     return o
