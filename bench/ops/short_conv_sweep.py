@@ -3,7 +3,8 @@ at a Kimi prefill chunk: one sequence of T tokens (default 8,192) of the q|k|v c
 = 12,288), read as the KDA layer does, a column view of its fused input projection (row stride 12,576),
 width 4, SiLU, bf16. Each (BT, BD, warps) is checked against the dispatched call's output and timed
 (median, CUDA events); GB/s counts x read once and y written once. Issue 35 part 3: the dispatched
-launch (BT 16, BD 128) took 0.44 ms a call at this shape, ~0.9 TB/s (bench/e2e/step_kinds.py --kernels).
+launch (BT 16, BD 128) took 0.44 ms a call at this shape, ~0.9 TB/s (bench/e2e/step_kinds.py --kernels);
+tiles of 8,192 elements or more spilled (7-8 ms).
 
     PYTHONPATH=. python bench/ops/short_conv_sweep.py [--tokens 8192]
     TRITON_INTERPRET=1 PYTHONPATH=. python bench/ops/short_conv_sweep.py --tiny   # smoke run
@@ -40,8 +41,8 @@ def main() -> None:
     want = ops.short_conv(x, weight, None, state.clone(), cu, slots, "silu", cu_seqlens_cpu=cu.cpu())
     floor_bytes = 2 * T * D * x.element_size()
     launches = [(16, 128, 4)] if a.tiny else []
-    launches += [(bt, bd, w) for bt, bd, w in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8))
-                 if not a.tiny and bt * bd <= 16384] or [(8, 32, 4)]
+    launches += [(bt, bd, w) for bt, bd, w in itertools.product((8, 16, 32, 64), (32, 64, 128, 256), (2, 4, 8))
+                 if not a.tiny and 512 <= bt * bd <= 8192] or [(8, 32, 4)]   # (larger tiles spill: Session 23)
     print(f"{platform.current().device_name}: T {T}, D {D} (row stride {x.stride(0)}), W {W}, {dtype}; "
           f"floor {floor_bytes / 1e6:.0f} MB")
     print("| BT | BD | warps | µs | GB/s | rel err |\n|---:|---:|---:|---:|---:|---:|")
