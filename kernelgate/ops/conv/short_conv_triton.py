@@ -151,14 +151,16 @@ def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu"
     y = alloc.empty((T, D), x.dtype, x.device) if covered else torch.zeros((T, D), dtype=x.dtype, device=x.device)
     if T == 0 or max_len <= 0:             # no tokens to convolve, no context to update
         return y
-    BT, BD = 16, min(64, triton.next_power_of_2(D))   # the sweep's fastest (Kimi's 12,288 channels on the H200)
+    # 16 x 64 tiles on 2 warps: the sweep's fastest at Kimi's prefill chunk (8,192 x 12,288 channels:
+    # 0.21 ms on the H200, vs 0.40 at 16 x 128 on 4; bench/ops/short_conv_sweep.py, bench/RESULTS.md)
+    BT, BD, WARPS = 16, min(64, triton.next_power_of_2(D)), 2
     S = conv_state.shape[0]
     strides = (*x.stride(), *weight.stride(), bias.stride(0) if bias is not None else 0,
                cu_seqlens.stride(0), slots.stride(0))
     _conv_varlen_kernel[(N, triton.cdiv(D, BD), triton.cdiv(max_len, BT))](
         x, weight, bias if bias is not None else weight, conv_state, cu_seqlens, slots, y, *strides,
         y.stride(0), *conv_state.stride(), D, S, T, W=W, BT=BT, BD=BD, HAS_BIAS=bias is not None,
-        SILU=activation is not None)
+        SILU=activation is not None, num_warps=WARPS)
     _conv_state_kernel[(N, triton.cdiv(D, BD))](
         x, conv_state, cu_seqlens, slots, *x.stride(), cu_seqlens.stride(0), slots.stride(0),
         *conv_state.stride(), D, S, T, W=W, BW=max(2, triton.next_power_of_2(W - 1)), BD=BD)
