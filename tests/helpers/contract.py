@@ -1,13 +1,14 @@
 """Shared by tests/ops/test_bad_inputs.py and tests/ops/test_fuzz.py: which implementations
 run on CPU (native; Triton under TRITON_INTERPRET=1 with the platform simulated as cuda and
 xpu), a call through the registry pinned to one of them, and views with other strides."""
-import contextlib
 import warnings
 
 import pytest
 import torch
 
 from kernelgate import platform, registry
+
+from .impls import on_device
 
 # (simulated platform, implementation) per op; the CPU-runnable ones only.
 TRITON = [("cuda", "triton"), ("xpu", "triton")]
@@ -63,34 +64,32 @@ def all_params(ops=None):
     return [p for op in (ops or IMPLS) for p in params(op)]
 
 
-@contextlib.contextmanager
-def pinned(op_name, plat, impl):
-    """Dispatch as on `plat` with `op_name` forced to `impl`; skip where it cannot run here.
-    Inside, `registry.get(op_name)(...)` goes through validate, checks and the cache."""
-    with platform.simulate(plat):
-        why = registry.get(op_name).impls[impl].unavailable(platform.current())
-        if why:
-            pytest.skip(f"{impl} on {plat}: {why}")
-        with registry.forcing({op_name: impl}):
-            yield registry.get(op_name)
-
-
 def run(op_name, plat, impl, args, kwargs=None, layout_fallback=False):
     """One call pinned to (plat, impl). With `layout_fallback`, an implementation whose
-    supports() declines these arguments (a declared layout) is not forced: dispatch picks."""
+    supports() declines these arguments (a declared layout) is not forced: dispatch picks.
+    On a GPU machine a kernel implementation gets the arguments on the device, in the same
+    layouts (`helpers.impls.on_device`), and what it writes comes back into the host tensors; on
+    the CPU (Triton interpreted) the host tensors go in as they are."""
     kwargs = kwargs or {}
     with platform.simulate(plat):
         op = registry.get(op_name)
         chosen = op.impls[impl]
-        why = chosen.unavailable(platform.current())
+        plat_now = platform.current()
+        why = chosen.unavailable(plat_now)
         if why:
             pytest.skip(f"{impl} on {plat}: {why}")
-        if layout_fallback and chosen.rejects(platform.current(), args, kwargs, forced=True):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", registry.FallbackWarning)
-                return op(*args, **kwargs)
-        with registry.forcing({op_name: impl}):
+        if chosen.provider in registry.HOST_PROVIDERS:
+            return _call(op, op_name, impl, args, kwargs, layout_fallback)
+        return on_device(lambda *a, **k: _call(op, op_name, impl, a, k, layout_fallback), *args, **kwargs)
+
+
+def _call(op, op_name, impl, args, kwargs, layout_fallback):
+    if layout_fallback and op.impls[impl].rejects(platform.current(), args, kwargs, forced=True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", registry.FallbackWarning)
             return op(*args, **kwargs)
+    with registry.forcing({op_name: impl}):
+        return op(*args, **kwargs)
 
 
 def clone(args, kwargs=None):

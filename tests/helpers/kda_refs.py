@@ -7,6 +7,8 @@ import torch
 
 from kernelgate import platform, registry
 
+from .impls import on_device
+
 
 @functools.cache
 def hf():
@@ -43,7 +45,12 @@ def need(op_name, impl_name):
 
 
 def call(op_name, impl_name, *args, **kwargs):
-    return need(op_name, impl_name).callable()(*args, **kwargs)
+    """The implementation on this machine's device (helpers.impls.on_device: in-place state comes
+    back into the host tensors); a host implementation on the host tensors."""
+    impl = need(op_name, impl_name)
+    if impl.provider in registry.HOST_PROVIDERS:
+        return impl.callable()(*args, **kwargs)
+    return on_device(impl.callable(), *args, **kwargs)
 
 
 def tol(dtype):

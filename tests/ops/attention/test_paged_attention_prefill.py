@@ -13,7 +13,7 @@ from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.registry import FallbackWarning, checked
 from attn_refs import Problem, rel
 from helpers.planned import planned_stand_in
-from helpers.impls import on_device
+from helpers.impls import on_device, on_platform
 
 OP = "paged_attention_prefill"
 VARIANTS = [("native", None), ("sdpa", None), ("triton", "cuda"), ("triton", "xpu")]
@@ -281,4 +281,4 @@ def test_few_long_chunks_go_to_sdpa(chunks, lens, want):
     with platform.simulate("xpu"):
         if platform.current().triton is not None:
             pytest.skip(f"Triton unusable here: {platform.current().triton}")
-        assert op.select(args, {}).name == want
+        assert op.select(on_platform(args), {}).name == want

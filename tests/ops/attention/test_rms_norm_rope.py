@@ -10,7 +10,6 @@ import torch
 from kernelgate import KernelgateError, alloc, forcing, platform, registry
 from kernelgate.ops.attention import rms_norm_rope as M
 from kernelgate.tools.testing import rel_err
-from helpers.impls import on_device
 
 OP = "rms_norm_rope"
 DEV = platform.default_device()   # GPU tensors on a GPU machine; CPU (Triton interpreted) here
@@ -31,7 +30,7 @@ def route(impl, *args, **kwargs):
     if why:
         pytest.skip(f"{impl} cannot run here: {why}")
     with forcing({OP: impl}), alloc.poisoned():
-        return on_device(op, *args, **kwargs)
+        return op(*args, **kwargs)          # (the tests build their tensors on DEV)
 
 
 def t(v, dtype=torch.float32):

@@ -226,8 +226,8 @@ def test_xpu_dispatch_gets_triton():
     with platform.simulate("xpu"):
         for op, chosen in (("gdn_prefill", "triton"), ("gdn_decode", "triton"), ("gdn_packed_decode", "triton")):
             rows = {i.name: r for i, r in registry.get(op).explain()}
-            if ok:
-                assert rows[chosen] is None, (op, rows)
+            if ok:   # (fla, where it runs -- a GPU machine with it installed -- ranks above)
+                assert [n for n, r in rows.items() if r is None] in ([chosen], ["fla"]), (op, rows)
     with platform.simulate("cpu"):
         assert {i.name: r for i, r in registry.get("gdn_packed_decode").explain()}["chain"] is None
         assert {i.name: r for i, r in registry.get("gdn_prefill").explain()}["native"] is None

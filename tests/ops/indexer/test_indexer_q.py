@@ -161,6 +161,6 @@ def test_portable_triton_is_chosen_off_cuda(op_name, plat):
     with platform.simulate(plat) as p:
         if p.triton:
             pytest.skip(f"Triton unusable here: {p.triton}")
-        args, kwargs = op.cases()[0].make(torch.device("cpu"), op.cases()[0].dtypes[0], torch.Generator().manual_seed(0))
+        args, kwargs = op.cases()[0].make(torch.device(p.device), op.cases()[0].dtypes[0], torch.Generator().manual_seed(0))
         chosen = [impl.name for impl, why in op.explain(args, kwargs) if why is None]
     assert chosen == ["triton"]

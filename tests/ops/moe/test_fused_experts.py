@@ -150,7 +150,7 @@ def test_moe_align_is_a_padded_permutation(T, k, E, block_m):
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(-2, E + 2, (T, k), generator=g, dtype=torch.int32)
     with alloc.poisoned():
-        pairs, block_expert = moe_align(ids, E, block_m)
+        pairs, block_expert = on_device(moe_align, ids, E, block_m)
     flat, P = ids.flatten(), T * k
     live = block_expert >= 0
     n_live = int(live.sum())
@@ -171,7 +171,8 @@ def test_moe_align_is_a_padded_permutation(T, k, E, block_m):
 def test_simulated_xpu_dispatches_to_triton(T, impl):
     """Decode batches (T <= 8) take the GEMV kernel, larger ones the grouped GEMM; both portable."""
     with platform.simulate("xpu"):
-        args, _ = make_inputs(T, 64, 32, 4, 2, torch.float32, "cpu", torch.Generator().manual_seed(0))
+        args, _ = make_inputs(T, 64, 32, 4, 2, torch.float32, platform.current().device,
+                              torch.Generator().manual_seed(0))
         chosen = [i.name for i, why in OP.explain(args, {}) if why is None]
         assert chosen == [impl]
         assert_close(OP(*args), OP.reference(*args), 1e-5)
@@ -191,9 +192,10 @@ def test_grouped_gemm_with_blocks_of_128_rows_matches_native():
     from kernelgate.ops.moe.fused_experts_triton import fused_experts_triton, route
     (x, w_gate_up, w_down, topk_w, topk_ids), _ = make_inputs(
         150, 64, 32, 2, 2, torch.float32, "cpu", torch.Generator().manual_seed(3))
-    assert route(topk_ids, 2).block_m == 128
+    assert on_device(route, topk_ids, 2).block_m == 128
     want = OP.impls["native"].callable()(x, w_gate_up, w_down, topk_w, topk_ids)
-    assert_close(fused_experts_triton(x, w_gate_up, w_down, topk_w, topk_ids), want, 1e-5, what="BLOCK_M 128")
+    assert_close(on_device(fused_experts_triton, x, w_gate_up, w_down, topk_w, topk_ids), want, 1e-5,
+                 what="BLOCK_M 128")
 
 
 @triton_here
@@ -211,8 +213,8 @@ def test_grouped_tile_order_covers_every_tile(monkeypatch, group_m):
     g = torch.Generator().manual_seed(11)
     (x, w_gate_up, w_down, topk_w, topk_ids), _ = make_inputs(40, 64, 48, 5, 2, torch.float32, "cpu", g)
     with alloc.poisoned():
-        got = ft.fused_experts_triton(x, w_gate_up, w_down, topk_w, topk_ids)
-    blocks = ft.route(topk_ids, 5).block_expert
+        got = on_device(ft.fused_experts_triton, x, w_gate_up, w_down, topk_w, topk_ids)
+    blocks = on_device(ft.route, topk_ids, 5).block_expert
     nb, live = blocks.numel(), int((blocks >= 0).sum())
     assert group_m == 0 or nb % group_m and (group_m == 2 or live > nb - nb % group_m), (nb, live)   # partial group
     assert_close(got, OP.impls["native"].callable()(x, w_gate_up, w_down, topk_w, topk_ids), 1e-5,
@@ -220,6 +222,6 @@ def test_grouped_tile_order_covers_every_tile(monkeypatch, group_m):
     (x, gu, dn, tw, ti, gus, dns), kw = fp8.make_inputs(40, 128, 48, 5, 2, torch.float32, "cpu",
                                                         torch.Generator().manual_seed(12), block=(128, 128))
     with alloc.poisoned():
-        got = fused_experts_fp8_triton(x, gu, dn, tw, ti, gus, dns, **kw)
+        got = on_device(fused_experts_fp8_triton, x, gu, dn, tw, ti, gus, dns, **kw)
     want = registry.get("fused_experts_fp8").reference(x, gu, dn, tw, ti, gus, dns, **kw)
     assert_close(got, want, 1e-5, what=f"FP8, GROUP_M {group_m}")

@@ -10,6 +10,8 @@ import torch
 from kernelgate import KernelgateError, forcing, platform, registry
 from kernelgate.ops.moe import moe_routing
 
+from helpers.impls import on_device, on_platform
+
 OP = "biased_grouped_topk"
 
 
@@ -25,7 +27,7 @@ def route(impl, *args, **kwargs):
     if why:
         pytest.skip(f"{impl} cannot run here: {why}")
     with forcing({OP: impl}):
-        return op(*args, **kwargs)
+        return on_device(op, *args, **kwargs)
 
 
 def by_id(w, ids):
@@ -298,10 +300,11 @@ def test_xpu_and_rocm_dispatch_to_the_portable_kernel():
     if platform.current().triton:
         pytest.skip(f"Triton unusable here: {platform.current().triton}")
     op = registry.get(OP)
-    args = (torch.randn(5, 256), torch.zeros(256), 8, 8, 4, True, 2.5)
+    host = (torch.randn(5, 256), torch.zeros(256), 8, 8, 4, True, 2.5)
     for name in ("xpu", "rocm"):
         with platform.simulate(name):
+            args = on_platform(host)
             chosen = [i.name for i, r in op.explain(args, {}) if r is None]
             assert chosen == ["triton"], name
             w, ids = op(*args)
-        assert torch.equal(ids, moe_routing.biased_grouped_topk_native(*args)[1])
+        assert torch.equal(ids.cpu(), moe_routing.biased_grouped_topk_native(*host)[1])

@@ -8,7 +8,7 @@ from kernelgate import KernelgateError, alloc, platform, registry
 from kernelgate.ops.quant import dequantize_fp8, quantize_fp8_block, quantize_fp8_channel, quantize_fp8_groups
 from kernelgate.platform import Device
 from kernelgate.tools.testing import assert_close
-from helpers.impls import on_device
+from helpers.impls import on_device, on_platform
 
 OP = registry.get("fp8_linear")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
@@ -160,7 +160,7 @@ def test_dispatch_per_gpu(device, T, dtype, chosen):
     wq, s = _weights(96, 128, (128, 128))
     x = torch.randn(T, 128, generator=_gen(6)).to(dtype)
     with platform.simulate(device):
-        rows = OP.explain((x, wq, s), {})
+        rows = OP.explain(on_platform((x, wq, s)), {})
         assert [i.name for i, why in rows if why is None] == [chosen]
         why = dict((i.name, r) for i, r in rows)["triton"]
         if chosen == "triton_w8a8":
