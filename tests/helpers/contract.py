@@ -16,7 +16,7 @@ IMPLS = {
     "gated_rms_norm": [("cpu", "native")] + TRITON,
     "short_conv": [("cpu", "native")] + TRITON,
     "short_conv_update": [("cpu", "native")] + TRITON,
-    "kda_gate": [("cpu", "native")],
+    "kda_gate": [("cpu", "native")] + TRITON,
     "kda_prefill": [("cpu", "native")],
     "kda_decode": [("cpu", "native")] + TRITON,
     "kda_packed_decode": [("cpu", "native"), ("cpu", "chain"), ("cuda", "chain")] + TRITON,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import checks
-from ...registry import Case, declare
+from ...registry import GPU_TRITON, Case, declare
 
 OP = "kda_gate"
 
@@ -61,3 +61,6 @@ def cases():
 
 
 kda_gate = declare(OP, kda_gate_native, validate=validate, cases=cases)
+kda_gate.implementation(
+    "triton", ".kda_gate_triton:kda_gate_triton", provider="triton", platforms=GPU_TRITON, requires=("triton",),
+    priority=10, doc="one elementwise pass, fp32 math (torch's ops: four passes over an fp32 copy)")

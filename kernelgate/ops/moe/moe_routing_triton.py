@@ -13,18 +13,11 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
+from ..common.triton_math import log1p
 
 SCORINGS = ("sigmoid", "softmax", "sqrtsoftplus")   # the op's scoring names, by kernel code 0, 1, 2
 
 _NO_KEY = tl.constexpr(-(2**63))   # below every real selection key
-
-
-@triton.jit
-def _log1p(e):
-    # log(1 + e) accurate for tiny e without libdevice (portable): log(u) * e / (u - 1).
-    u = 1.0 + e
-    d = u - 1.0
-    return tl.where(d == 0.0, e, tl.log(u) * (e / tl.where(d == 0.0, 1.0, d)))
 
 
 @triton.jit
@@ -58,7 +51,7 @@ def _biased_grouped_topk_kernel(
         den = tl.sum(tl.sum(p, axis=2), axis=1)
         s = p / tl.where(row_ok, den, 1.0)[:, None, None]
     else:                 # sqrtsoftplus: sqrt(max(x, 0) + log1p(exp(-|x|)))
-        s = tl.sqrt(tl.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x))))
+        s = tl.sqrt(tl.maximum(x, 0.0) + log1p(tl.exp(-tl.abs(x))))
 
     c = s
     if HAS_BIAS:          # fp32 bias, added in fp32 (the dtype contract)
@@ -107,7 +100,7 @@ def _biased_grouped_topk_kernel(
     elif SCORING == 1:
         w_acc = tl.exp(xp - m[:, None]) / tl.where(row_ok, den, 1.0)[:, None]
     else:
-        w_acc = tl.sqrt(tl.maximum(xp, 0.0) + _log1p(tl.exp(-tl.abs(xp))))
+        w_acc = tl.sqrt(tl.maximum(xp, 0.0) + log1p(tl.exp(-tl.abs(xp))))
     w_acc = tl.where(picked, w_acc, 0.0)
 
     wsum = tl.sum(w_acc, axis=1)                                       # padded columns are 0
