@@ -132,7 +132,9 @@ def kernels(model, eng, cfg, ctx: int) -> None:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    stacks = torch._C._profiler._ExperimentalConfig(verbose=True)   # (without it the stacks come back empty)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True,
+                 experimental_config=stacks) as prof:
         kernelgate.generate(model, [prompt], max_new_tokens=1, stop_token_ids=(), engine=eng)
         torch.cuda.synchronize()
     by_name: dict = {}
@@ -159,6 +161,13 @@ def kernels(model, eng, cfg, ctx: int) -> None:
     print("| torch op (launching) | GPU ms | calls |\n|---|---:|---:|")
     for e in sorted(ops, key=lambda e: -e.self_device_time_total)[:25]:
         print(f"| {e.key[:60]} | {e.self_device_time_total / 1e3:.1f} | {e.count} |")
+    # where the copies and elementwise ops come from: the package's frames of each call site
+    print("| torch op | GPU ms | calls | call site (kernelgate frames, innermost first) |\n|---|---:|---:|---|")
+    sites = [e for e in prof.key_averages(group_by_stack_n=12) if e.self_device_time_total > 0
+             and e.key in ("aten::copy_", "aten::mul", "aten::mul_", "aten::add", "aten::index", "aten::fill_")]
+    for e in sorted(sites, key=lambda e: -e.self_device_time_total)[:15]:
+        frames = [f.split("kernelgate/", 1)[1] for f in e.stack if "kernelgate/" in f and "/bench/" not in f][:3]
+        print(f"| {e.key} | {e.self_device_time_total / 1e3:.1f} | {e.count} | {' < '.join(frames) or '?'} |")
 
 
 if __name__ == "__main__":
