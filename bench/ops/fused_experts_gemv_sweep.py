@@ -43,6 +43,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="", help="comma-separated T (default 1,4,16; --shared 1,4,8)")
     ap.add_argument("--fp8", action="store_true", help="the FP8 GEMV (block 128 x 128 scales)")
     ap.add_argument("--only", default="", help="just these launches: 'BLOCK_I,BLOCK_O,BLOCK_K,warps;...'")
+    ap.add_argument("--dispatched", action="store_true", help="just the launch dispatch makes at each T")
     a = ap.parse_args()
     D, I = (2048, 512) if a.qwen else (2304, 1024)
     if not torch.cuda.is_available():
@@ -68,6 +69,11 @@ def main() -> int:
             ref = ref_fn(*args, **kw)
             default = (one_token or {}).get(platform.current().name) if T == 1 else None
             default = default or dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
+            if a.dispatched:
+                out = run(*args, **kw)
+                us = benchmark.graph_us(lambda: run(*args, **kw), dev)
+                print(f"| {T} | {default} | | | | {us:.1f} (err {rel_err(out, ref):.1e}) | {floor_us / us:.2f} |", flush=True)
+                continue
             grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
                 itertools.product((4, 8, 16), (8, 16, 32), (128, 256), (4, 8)) if a.fp8 else \
                 itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8))

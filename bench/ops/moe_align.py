@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--E", type=int, default=256)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--module", default="kernelgate.ops.moe.moe_align_triton",
+                    help="the moe_align to time (e.g. a variant under bench/ops/variants, with PYTHONPATH)")
     args = ap.parse_args()
 
     import torch
@@ -58,9 +60,11 @@ def main() -> int:
         print("moe_align bench: needs a CUDA/ROCm GPU with compiled Triton (TRITON_INTERPRET unset)")
         return 0
     from kernelgate.ops.moe.fused_experts_triton import block_m_for
-    from kernelgate.ops.moe.moe_align_triton import default_chunk, moe_align
+    import importlib
+    mod = importlib.import_module(args.module)
+    default_chunk, moe_align = mod.default_chunk, mod.moe_align
 
-    print(f"{platform.current().device_name}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"{platform.current().device_name}, torch {torch.__version__}, triton {triton.__version__}, {args.module}")
     print(f"{'P':>7} {'E':>4} {'bm':>3} {'chunk':>6} {'launches':>8} {'graph_us':>9} {'us':>9}  check")
     ok = True
     for P in args.P:

@@ -40,8 +40,9 @@ def sample_async(logits: torch.Tensor, params: list, generators: list) -> torch.
 
     The sampled rows are filtered and drawn together (`filter_logits`' rules, row by row, in a
     few batched ops): per row a kernel sequence would be ~10 launches, 640 a step at 64 streams."""
-    finite = torch.isfinite(logits).all(dim=-1)
-    out = logits.argmax(dim=-1)
+    # two passes over the logits, not six (isfinite is four): max propagates NaN, the first maximum wins
+    top, out = logits.max(dim=-1)
+    finite = torch.isfinite(top) & torch.isfinite(logits.amin(dim=-1))
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return torch.where(finite, out, -1)

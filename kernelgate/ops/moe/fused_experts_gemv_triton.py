@@ -5,15 +5,16 @@ GEMM (fused_experts_triton.py) pads every pair to a 16-row MMA block and sorts p
 here every program multiplies one pair's activation vector by a slice of its expert's weights
 with plain fp32 FMAs and never sorts:
 
-    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])   [P, I] fp32
-    _down_kernel     grid (P, D / BLOCK_O):  y[p, o] = w[t, j] * down[e][o, :] . h[p, :]    [P, D] fp32
-    _sum_k_kernel    (fused_experts_triton)  out[t] = sum_j y[t*k + j]                       [T, D] x dtype
+    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])          [P, I] fp32
+    _down_kernel     grid (T, D / DOWN_O):   out[t, o] = sum_j w[t, j] down[e_j][o, :] . h[p_j, :]  [T, D] x dtype
 
 with p = t*k + j and e = ids[t, j]. Each program streams a [rows, BLOCK_K] tile per step (16 KB
 of bf16 at the default sizes) and keeps a 2-D fp32 accumulator, reduced once at the end; the
 gate and up rows of the same outputs are read by the same program, so SwiGLU needs no second
-pass. A pair whose id is outside [0, E) reads nothing and contributes zeros. Strides of every
-input are honoured (views are fine).
+pass; a down program walks its token's k slots in a fixed order, so the sum over slots needs no
+third launch (H200, one token, bench/RESULTS.md Session 24: 24.5 -> 21.8 µs at Qwen's shapes, 43.7
+-> 41.4 at Kimi's; 2-3 % slower at 4 and 8 tokens). A pair whose id is outside [0, E) reads nothing and contributes zeros.
+Strides of every input are honoured (views are fine).
 """
 from __future__ import annotations
 
@@ -22,24 +23,25 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
-from .fused_experts_triton import sum_slots
 
 # Up to this many tokens the GEMV streams each hit expert's bytes faster than the grouped GEMM, whose
 # 16-row MMA tiles are mostly padding at a few tokens; by 16 tokens the MMA form reads each expert as
 # well and wins (figures: bench/RESULTS.md, "fused_experts at decode sizes").
 MAX_TOKENS = 8
 # Launch choices per platform name (from platform.current(), so a simulated platform takes its own):
-# rows of outputs per program, reduction tile width, warps.
+# rows of outputs per program, reduction tile width, warps (BLOCK_O is the FP8 GEMV's down rows; the
+# bf16 down takes DOWN_O / DOWN_K / DOWN_WARPS, falling back to BLOCK_O / BLOCK_K / num_warps).
+_DOWN = dict(DOWN_O=4, DOWN_K=512, DOWN_WARPS=4)
 LAUNCH = {
-    "default": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4),
-    "rocm": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4),   # 64-wide wavefronts: 4 = 256 lanes
+    "default": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4, **_DOWN),
+    "rocm": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4, **_DOWN),   # 64-wide wavefronts: 4 = 256 lanes
 }
 
 
 # One token (k + 1 = 9 pairs with Kimi's stacked shared expert): 8-row programs of 8 warps, so
 # the gate_up grid is 1,152 programs rather than 288 (about two per SM, a ragged last wave);
 # from a few tokens on, LAUNCH's grid is wide enough. Tuned on NVIDIA only: elsewhere LAUNCH.
-ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=256, num_warps=8)}
+ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=256, num_warps=8, **_DOWN)}
 
 
 def launch_config(plat, tokens: int = 2) -> dict:
@@ -81,26 +83,25 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, 
 
 
 @triton.jit
-def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe, swr, swi, sit, sij, stt, stj,
+def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, D, I, E, TOPK, swe, swr, swi, sit, sij, stt, stj, sot,
                  BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr):
-    p = tl.program_id(0)
-    t, j = p // TOPK, p % TOPK
+    t = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)                # [BLOCK_O] output columns
     o_ok = o < D
-    e = tl.load(ids_ptr + t.to(tl.int64) * sit + j * sij).to(tl.int64)
-    valid = (e >= 0) & (e < E)
     acc = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
-    if valid:
-        w_rows = w_ptr + e * swe + o[:, None].to(tl.int64) * swr
-        for k0 in range(0, I, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = kk < I
-            hv = tl.load(h_ptr + p.to(tl.int64) * I + kk, mask=k_ok, other=0.0)
-            w = tl.load(w_rows + kk[None, :] * swi, mask=o_ok[:, None] & k_ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * hv[None, :]
-    wt = tl.load(tw_ptr + t.to(tl.int64) * stt + j * stj)
-    y = tl.sum(acc, axis=1) * wt
-    tl.store(y_ptr + p.to(tl.int64) * D + o, y, mask=o_ok)
+    for j in range(TOPK):   # the token's slots in a fixed order: deterministic
+        e = tl.load(ids_ptr + t * sit + j * sij).to(tl.int64)
+        if (e >= 0) & (e < E):
+            wt = tl.load(tw_ptr + t * stt + j * stj)
+            w_rows = w_ptr + e * swe + o[:, None].to(tl.int64) * swr
+            h_row = h_ptr + (t * TOPK + j) * I
+            for k0 in range(0, I, BLOCK_K):
+                kk = k0 + tl.arange(0, BLOCK_K)
+                k_ok = kk < I
+                hv = tl.load(h_row + kk, mask=k_ok, other=0.0) * wt
+                w = tl.load(w_rows + kk[None, :] * swi, mask=o_ok[:, None] & k_ok[None, :], other=0.0)
+                acc += w.to(tl.float32) * hv[None, :]
+    tl.store(out_ptr + t * sot + o, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=o_ok)
 
 
 def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None):
@@ -113,13 +114,14 @@ def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation=
     cfg = launch_config(platform.current(), T)
     P = T * k
     h = alloc.empty((P, I), torch.float32, x.device)
-    y = alloc.empty((P, D), torch.float32, x.device)
     warps = {"num_warps": cfg["num_warps"]}
     _gate_up_kernel[(P, triton.cdiv(I, cfg["BLOCK_I"]))](
         x, w_gate_up, topk_ids, h, D, I, E, k, *x.stride(), *w_gate_up.stride(), *topk_ids.stride(),
         float(swiglu_limit) if swiglu_limit is not None else 0.0,
         HAS_LIMIT=swiglu_limit is not None, BLOCK_I=cfg["BLOCK_I"], BLOCK_K=cfg["BLOCK_K"], **warps)
-    _down_kernel[(P, triton.cdiv(D, cfg["BLOCK_O"]))](
-        h, w_down, topk_ids, topk_weights, y, D, I, E, k, *w_down.stride(), *topk_ids.stride(),
-        *topk_weights.stride(), BLOCK_O=cfg["BLOCK_O"], BLOCK_K=cfg["BLOCK_K"], **warps)
-    return sum_slots(y, topk_ids.contiguous(), out, E)    # the sum kernel reads ids densely
+    bo = cfg.get("DOWN_O", cfg["BLOCK_O"])
+    _down_kernel[(T, triton.cdiv(D, bo))](
+        h, w_down, topk_ids, topk_weights, out, D, I, E, k, *w_down.stride(), *topk_ids.stride(),
+        *topk_weights.stride(), out.stride(0), BLOCK_O=bo, BLOCK_K=cfg.get("DOWN_K", cfg["BLOCK_K"]),
+        num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]))
+    return out

@@ -11,7 +11,7 @@ so the output is a pure function of the input: no atomics, same result every cal
 
 Three launches, grid sizes from P, E and BLOCK_M only (CUDA-graph safe):
   1. _count_kernel    grid (C,)       per chunk of CHUNK pairs: hist[c, e] and each pair's
-                                      rank among the chunk's pairs of its expert
+                                      rank among the chunk's pairs of its expert (by compares)
   2. _scan_kernel     grid (1,)       hist -> exclusive prefix over chunks (in place), expert
                                       counts -> padded run starts        (skipped when C == 1)
   3. _scatter_kernel  grid (C + NBC,) pairs: dest = start[e] + offset[c, e] + rank;
@@ -44,19 +44,25 @@ def _store_runs(hist_ptr, run_ptr, E, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr
 @triton.jit
 def _count_kernel(ids_ptr, hist_ptr, rank_ptr, run_ptr, P, E,
                   BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                  E_TILE: tl.constexpr, SINGLE: tl.constexpr):
+                  E_TILE: tl.constexpr, Q_TILE: tl.constexpr, SINGLE: tl.constexpr):
     c = tl.program_id(0)
     p = c * CHUNK + tl.arange(0, CHUNK)
     raw = tl.load(ids_ptr + p, mask=p < P, other=-1)
     ids = tl.where((raw >= 0) & (raw < E), raw, -1).to(tl.int32)   # range test before the cast: int64 2**32+3 is not 3
+    # rank: how many of the chunk's earlier pairs have the same expert -- compares and a sum over
+    # [CHUNK, Q_TILE] tiles (no scan: a cumsum over a 2-D tile is what made this kernel slow)
     rank = tl.zeros([CHUNK], dtype=tl.int32)
+    for q0 in range(0, CHUNK, Q_TILE):
+        q = c * CHUNK + q0 + tl.arange(0, Q_TILE)
+        rq = tl.load(ids_ptr + q, mask=q < P, other=-1)
+        iq = tl.where((rq >= 0) & (rq < E), rq, -1).to(tl.int32)
+        same = (ids[:, None] == iq[None, :]) & (q[None, :] < p[:, None])   # (invalid pairs' ranks are never read)
+        rank += tl.sum(same.to(tl.int32), axis=1)
+    tl.store(rank_ptr + p, rank, mask=p < P)
     for e0 in range(0, E_PAD, E_TILE):   # experts in tiles keep [CHUNK, E_TILE] small for any E
         e = e0 + tl.arange(0, E_TILE)
-        hit = ((ids[:, None] == e[None, :]) & (e[None, :] < E)).to(tl.int32)    # [CHUNK, E_TILE]
-        before = tl.cumsum(hit, axis=0) - hit                  # same-expert pairs earlier in chunk
-        rank += tl.sum(hit * before, axis=1)
+        hit = (ids[:, None] == e[None, :]).to(tl.int32)                     # [CHUNK, E_TILE]
         tl.store(hist_ptr + c * E + e, tl.sum(hit, axis=0), mask=e < E)
-    tl.store(rank_ptr + p, rank, mask=p < P)
     if SINGLE:   # one chunk: its histogram is the expert counts; read back this program's stores
         tl.debug_barrier()
         _store_runs(hist_ptr, run_ptr, E, BLOCK_M, E_PAD)
@@ -117,9 +123,11 @@ def max_blocks(P: int, E: int, block_m: int) -> int:
 
 
 def default_chunk(P: int) -> int:
-    """Pairs per program: all of them in one chunk up to 256 (decode: two launches); 256 above,
-    which keeps [C, E] small for the one-program scan (P = 64K -> 256 chunks)."""
-    return max(16, min(256, triton.next_power_of_2(P)))
+    """Pairs per program: 32 up to 2,048 pairs (decode batches: one program per 32 pairs spreads the
+    count over the SMs), 128 above (prefill chunks: fewer, larger programs and a smaller [C, E] scan).
+    H200, E = 257 (bench/ops/moe_align.py): P = 576 takes 7.4 µs at 32 against 19.7 at 256 (29.1 before
+    the compare-based rank); P = 73,728 (an 8k chunk, top-9) 48.4 µs at 128 against 60.9 at 256."""
+    return max(16, min(32 if P <= 2048 else 128, triton.next_power_of_2(P)))
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None):
@@ -143,8 +151,9 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int
     scratch = torch.empty(C * E + P + 2 * e_pad, dtype=torch.int32, device=ids.device)
     hist, rank, runs = scratch[:C * E], scratch[C * E:C * E + P], scratch[C * E + P:]
     e_tile = min(e_pad, max(16, _TILE // chunk))
+    q_tile = min(chunk, max(16, _TILE // chunk))
     _count_kernel[(C,)](ids, hist, rank, runs, P, E, BLOCK_M=block_m, E_PAD=e_pad, CHUNK=chunk,
-                        E_TILE=e_tile, SINGLE=C == 1, num_warps=4 if chunk * e_tile <= 4096 else 8)
+                        E_TILE=e_tile, Q_TILE=q_tile, SINGLE=C == 1, num_warps=4 if chunk * e_tile <= 4096 else 8)
     if C > 1:
         c_blk = max(2, min(triton.next_power_of_2(C), _TILE // e_pad))
         _scan_kernel[(1,)](hist, runs, C, E, BLOCK_M=block_m, E_PAD=e_pad, C_BLK=c_blk, num_warps=8)
