@@ -45,8 +45,9 @@ def on_device(fn, *args, **kwargs):
     finally:
         for whole, dev in pairs:
             whole.copy_(dev)
-    if isinstance(out, tuple):
-        return tuple(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
+    if isinstance(out, tuple):   # (a named tuple keeps its type)
+        back = [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
+        return type(out)(*back) if hasattr(out, "_fields") else tuple(back)
     return out.cpu() if isinstance(out, torch.Tensor) else out
 
 

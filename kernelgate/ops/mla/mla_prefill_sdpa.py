@@ -123,10 +123,12 @@ def _lse_cudnn(q, k, v, scale, causal, bias=None):
 
 
 def _lse_flash(q, k, v, scale, causal):
-    """FlashAttention-2 wants one width for q, k and v: v gets zero columns (they change nothing)."""
+    """FlashAttention-2 wants one width for q, k and v, a multiple of 8: zero columns (they change
+    neither q . k, the scale being given, nor the kept output columns)."""
     Dv = v.shape[3]
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, _pad(v, q.shape[3]), 0.0, causal, False,
-                                                                  scale=scale)[:2]
+    D = -(-max(q.shape[3], Dv) // 8) * 8
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(_pad(q, D), _pad(k, D), _pad(v, D), 0.0, causal,
+                                                                  False, scale=scale)[:2]
     return out[..., :Dv], lse.float()
 
 

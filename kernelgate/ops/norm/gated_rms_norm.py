@@ -175,9 +175,9 @@ def gated_rms_norm_fla(x, weight, gate=None, eps=1e-6, group_size=None, norm_bef
     # it takes "sigmoid", "silu" and "swish" like this op.
     out = rms_norm_gated(x, gate, weight, bias, activation=activation, residual=residual,
                          prenorm=prenorm, residual_in_fp32=residual_in_fp32, eps=eps)
-    if prenorm and out[1] is x:
-        # Without residual fla hands back x itself as the residual stream; return a copy so
-        # the output never aliases an input.
+    if prenorm and out[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        # Without residual fla hands back x (a view of it: found on the H200) as the residual
+        # stream; return a copy so the output never aliases an input.
         out = (out[0], x.clone())
     return out
 

@@ -28,7 +28,7 @@ PREFILL = [pytest.param(i.id, d.values[0], b, id=f"{b}-{d.id}-{i.id}") for b in 
 K, V = 60, 48
 
 
-def _check_batch(o, state, before, args, slots, dtype, ref=hf_sequence):
+def _check_batch(o, state, before, args, slots, dtype, impl, ref=hf_sequence):
     q, k, v, g, beta, _, cu, _ = args
     for n, slot in enumerate(slots):
         s, e = int(cu[n]), int(cu[n + 1])
@@ -36,8 +36,8 @@ def _check_batch(o, state, before, args, slots, dtype, ref=hf_sequence):
             assert (o[s:e] == 0).all(), f"skipped sequence {n} has output"
             continue
         ro, rS = ref(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], before[slot])
-        assert rel_err(o[s:e], ro) < tol(dtype), f"sequence {n}"
-        assert rel_err(state[slot], rS) < tol(dtype), f"state of sequence {n}"
+        assert rel_err(o[s:e], ro) < tol(dtype, "gdn_prefill", impl), f"sequence {n}"
+        assert rel_err(state[slot], rS) < tol(dtype, "gdn_prefill", impl), f"state of sequence {n}"
     for s in set(range(state.shape[0])) - {x for x in slots if x >= 0}:
         assert torch.equal(state[s], before[s]), f"untouched slot {s} changed"
 
@@ -50,7 +50,7 @@ def test_prefill_vs_hf_chunk(impl, dtype, batch):
     before = state.clone()
     o = call("gdn_prefill", impl, *args)
     assert o.dtype == dtype and o.shape == args[2].shape
-    _check_batch(o, state, before, args, slots, dtype)
+    _check_batch(o, state, before, args, slots, dtype, impl)
 
 
 @pytest.mark.parametrize("impl", runnable("gdn_prefill"))
@@ -59,7 +59,7 @@ def test_prefill_vs_fla_naive(impl):
     args = gdn_inputs([33, 19], slots, 1, 2, 32, 40, "cpu", torch.float32, torch.Generator().manual_seed(5))
     before = args[5].clone()
     o = call("gdn_prefill", impl, *args)
-    _check_batch(o, args[5], before, args, slots, torch.float32, ref=fla_sequence)
+    _check_batch(o, args[5], before, args, slots, torch.float32, impl, ref=fla_sequence)
 
 
 @pytest.mark.parametrize("impl", [i for i in runnable("gdn_prefill") if i.id != "triton_recurrent"])
@@ -74,7 +74,8 @@ def test_prefill_strong_decay_vs_hf_recurrent(impl, strength):
     o = call("gdn_prefill", impl, q, k, v, g, beta, state, cu, sl)
     ro, rS = hf_sequence(q, k, v, g, beta, S0, form="recurrent")
     assert torch.isfinite(o).all()
-    assert rel_err(o, ro) < 1e-4 and rel_err(state[0], rS) < 1e-4
+    bound = tol(torch.float32, "gdn_prefill", impl)
+    assert rel_err(o, ro) < bound and rel_err(state[0], rS) < bound
 
 
 @pytest.mark.parametrize("impl,dtype", [pytest.param(i.id, d.values[0], id=f"{d.id}-{i.id}") for d in DTYPES
@@ -96,7 +97,8 @@ def test_prefill_in_two_calls_equals_one(impl, dtype):
         idx = torch.cat(rows)
         cu_p = torch.tensor([0] + torch.tensor([len(r) for r in rows]).cumsum(0).tolist(), dtype=torch.int32)
         o[idx] = call("gdn_prefill", impl, q[idx], k[idx], v[idx], g[idx], beta[idx], state, cu_p, sl)
-    assert rel_err(o, o_whole) < tol(dtype) and rel_err(state, whole) < tol(dtype)
+    bound = tol(dtype, "gdn_prefill", impl)
+    assert rel_err(o, o_whole) < bound and rel_err(state, whole) < bound
 
 
 def _prefix_then_steps(dtype, seed, steps=3):

@@ -39,8 +39,8 @@ def test_prefill_vs_fla_naive(impl, dtype, lens, slots):
             assert (o[s:e] == 0).all()
             continue
         ro, rS = _naive(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], before[slot])
-        assert rel_err(o[s:e], ro) < tol(dtype), f"sequence {n}"
-        assert rel_err(state[slot], rS) < tol(dtype), f"state of sequence {n}"
+        assert rel_err(o[s:e], ro) < tol(dtype, "kda_prefill", impl), f"sequence {n}"
+        assert rel_err(state[slot], rS) < tol(dtype, "kda_prefill", impl), f"state of sequence {n}"
     for s in set(range(state.shape[0])) - {x for x in slots if x >= 0}:
         assert torch.equal(state[s], before[s]), f"untouched slot {s} changed"
 
@@ -60,7 +60,8 @@ def test_prefill_vs_hf_chunk_strong_decay(impl, strength):
     ro, rS = hf()["chunk"](q[None], k[None], v[None], g[None], beta[None], initial_state=S0[None],
                            output_final_state=True, use_qk_l2norm_in_kernel=True)
     assert torch.isfinite(o).all()
-    assert rel_err(o, ro[0]) < 1e-4 and rel_err(state[0], rS[0]) < 1e-4
+    bound = tol(torch.float32, "kda_prefill", impl)
+    assert rel_err(o, ro[0]) < bound and rel_err(state[0], rS[0]) < bound
 
 
 @pytest.mark.parametrize("impl", runnable("kda_decode"))
