@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--fp8", action="store_true", help="the FP8 GEMV (block 128 x 128 scales)")
     ap.add_argument("--only", default="", help="just these launches: 'BLOCK_I,BLOCK_O,BLOCK_K,warps;...'")
     ap.add_argument("--dispatched", action="store_true", help="just the launch dispatch makes at each T")
+    ap.add_argument("--fp8-module", default="", help="--fp8: time this module's GEMV instead (e.g. a variant "
+                    "under bench/ops/variants, on PYTHONPATH)")
     a = ap.parse_args()
     D, I = (2048, 512) if a.qwen else (2304, 1024)
     if not torch.cuda.is_available():
@@ -52,11 +54,12 @@ def main() -> int:
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
-    mod, ref_fn = (gv8, fe8.fused_experts_fp8_native) if a.fp8 else (gv, fe.fused_experts_native)
-    run = gv8.fused_experts_fp8_gemv if a.fp8 else gv.fused_experts_gemv
+    g8 = __import__(a.fp8_module) if a.fp8_module else gv8
+    mod, ref_fn = (g8, fe8.fused_experts_fp8_native) if a.fp8 else (gv, fe.fused_experts_native)
+    run = g8.fused_experts_fp8_gemv if a.fp8 else gv.fused_experts_gemv
     dispatched = mod.launch_config
     one_token = getattr(mod, "FP8_ONE_TOKEN", None)
-    if one_token is not None:       # (the sweep's choice, not the table's, at T = 1)
+    if one_token is not None and not a.dispatched:       # (the sweep's choice, not the table's, at T = 1)
         mod.FP8_ONE_TOKEN = {}
     try:
         tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else ((1, 4, 8) if a.shared else (1, 4, 16))
