@@ -165,9 +165,14 @@ def kernels(model, eng, cfg, ctx: int) -> None:
     print("| torch op | GPU ms | calls | call site (kernelgate frames, innermost first) |\n|---|---:|---:|---|")
     sites = [e for e in prof.key_averages(group_by_stack_n=12) if e.self_device_time_total > 0
              and e.key in ("aten::copy_", "aten::mul", "aten::mul_", "aten::add", "aten::index", "aten::fill_")]
-    for e in sorted(sites, key=lambda e: -e.self_device_time_total)[:15]:
+    merged = {}   # (stacks differing only outside the shown frames -- one per layer -- are one row)
+    for e in sites:
         frames = [f.split("kernelgate/", 1)[1] for f in e.stack if "kernelgate/" in f and "/bench/" not in f][:3]
-        print(f"| {e.key} | {e.self_device_time_total / 1e3:.1f} | {e.count} | {' < '.join(frames) or '?'} |")
+        key = (e.key, " < ".join(frames) or "?")
+        t, n = merged.get(key, (0.0, 0))
+        merged[key] = (t + e.self_device_time_total, n + e.count)
+    for (op, where), (t, n) in sorted(merged.items(), key=lambda kv: -kv[1][0])[:15]:
+        print(f"| {op} | {t / 1e3:.1f} | {n} | {where} |")
 
 
 if __name__ == "__main__":
