@@ -85,8 +85,8 @@ class GatedDeltaNet(nn.Module):
     def _prefill(self, mixed, a, b, conv_state, state, cu, slots, cu_cpu, slots_cpu):
         """Varlen chunks (cu / slots: this part's own) -> [T, HV, V]."""
         T, HK, HV, K, V = mixed.shape[0], self.HK, self.HV, self.K, self.V
-        qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, cu, slots, "silu", cu_seqlens_cpu=cu_cpu)
-        q, k, v = qkv.split([HK * K, HK * K, HV * V], dim=-1)
+        q, k, v = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, cu, slots, "silu",
+                                 cu_seqlens_cpu=cu_cpu, split=(HK * K, HK * K, HV * V))   # contiguous parts
         g = ops.gdn_gate(a, self.A_log, self.dt_bias)                # [T, HV] fp32
         return ops.gdn_prefill(q.reshape(T, HK, K), k.reshape(T, HK, K), v.reshape(T, HV, V), g,
                                torch.sigmoid(b.float()).to(mixed.dtype), state, cu, slots,

@@ -88,8 +88,9 @@ class KimiDeltaAttention(nn.Module):
     def _prefill(self, mixed, f, b, conv_state, state, cu, slots, cu_cpu, slots_cpu):
         """Varlen chunks (cu / slots: this part's own) -> [T, H, V]."""
         T, H, K = mixed.shape[0], self.H, self.K
-        qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, cu, slots, "silu", cu_seqlens_cpu=cu_cpu)
-        q, k, v = (t.reshape(T, H, K) for t in qkv.split(H * K, dim=-1))
+        qkv = ops.short_conv(mixed, self.conv1d.weight, None, conv_state, cu, slots, "silu", cu_seqlens_cpu=cu_cpu,
+                             split=(H * K,) * 3)                    # q, k, v contiguous: no copy of a view
+        q, k, v = (t.view(T, H, K) for t in qkv)
         g = ops.kda_gate(f, self.A_log, self.dt_bias)               # [T, H, K] fp32
         return ops.kda_prefill(q, k, v, g, torch.sigmoid(b.float()).to(mixed.dtype), state, cu, slots,
                                cu_seqlens_cpu=cu_cpu, slots_cpu=slots_cpu)

@@ -4,7 +4,8 @@
 context [BD, W-1] from conv_state[slot], writes y and the shifted context back in place.
 `short_conv`: varlen; grid (sequence, D-block, T-block) computes y reading context from the
 old state, then a second launch (after all reads) writes the last W-1 inputs to each slot.
-Every tensor is addressed through its strides (views welcome). A slot outside [0, S): zero
+Every input is addressed through its strides (views welcome); y is one buffer holding the
+caller's `split` parts (q | k | v) one after another, each a contiguous [T, n]. A slot outside [0, S): zero
 context, no state read or write. A sequence whose bounds are not 0 <= bos <= eos <= T is
 skipped; the output is zero-filled first when cu_seqlens (seen on the host) leaves rows
 uncovered.
@@ -55,7 +56,7 @@ def _bounds(cu_seqlens, scu, i_n, T):
 
 @triton.jit
 def _conv_varlen_kernel(x, weight, bias, state, cu_seqlens, slots, y, sx0, sx1, sw0, sw1, sb, scu, ssl,
-                        sy, ss0, ss1, ss2, D, S, T, W: tl.constexpr, BT: tl.constexpr,
+                        P1, P2, ss0, ss1, ss2, D, S, T, W: tl.constexpr, BT: tl.constexpr,
                         BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -85,7 +86,11 @@ def _conv_varlen_kernel(x, weight, bias, state, cu_seqlens, slots, y, sx0, sx1, 
         acc += tl.load(weight + o_d * sw0 + j * sw1, mask=md, other=0).to(tl.float32)[None, :] * xv
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    tl.store(y + (bos + o_t)[:, None] * sy + o_d[None, :], acc.to(y.dtype.element_ty),
+    # y holds up to three contiguous [T, width] parts, channels [0, P1) | [P1, P2) | [P2, D)
+    start = tl.where(o_d >= P2, P2, tl.where(o_d >= P1, P1, 0))
+    width = tl.where(o_d >= P2, D - P2, tl.where(o_d >= P1, P2 - P1, P1))
+    y_col = start.to(tl.int64) * T + (o_d - start)
+    tl.store(y + (bos + o_t)[:, None] * width[None, :] + y_col[None, :], acc.to(y.dtype.element_ty),
              mask=mt[:, None] & md[None, :])
 
 
@@ -143,14 +148,19 @@ def _host_layout(cu, T, hint=False):
     return facts[:2]
 
 
-def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None):
+def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu", *, cu_seqlens_cpu=None,
+               split=None):
     T, D = x.shape
     W = weight.shape[1]
     N = cu_seqlens.shape[0] - 1
     max_len, covered = _host_layout(cu_seqlens, T) if cu_seqlens_cpu is None else _host_layout(cu_seqlens_cpu, T, True)
-    y = alloc.empty((T, D), x.dtype, x.device) if covered else torch.zeros((T, D), dtype=x.dtype, device=x.device)
+    y = alloc.empty((T * D,), x.dtype, x.device) if covered else torch.zeros((T * D,), dtype=x.dtype, device=x.device)
+    parts = split or (D,)
+    bounds = [sum(parts[:i]) for i in range(1, len(parts))] + [D, D]        # P1, P2 (D: no such part)
+    out = [y[T * s:T * (s + n)].view(T, n) for s, n in zip([0] + bounds[:len(parts) - 1], parts)]
+    out = out[0] if split is None else tuple(out)
     if T == 0 or max_len <= 0:             # no tokens to convolve, no context to update
-        return y
+        return out
     # 16 x 64 tiles on 2 warps: the sweep's fastest at Kimi's prefill chunk (8,192 x 12,288 channels:
     # 0.21 ms on the H200, vs 0.40 at 16 x 128 on 4; bench/ops/short_conv_sweep.py, bench/RESULTS.md)
     BT, BD, WARPS = 16, min(64, triton.next_power_of_2(D)), 2
@@ -159,9 +169,9 @@ def short_conv(x, weight, bias, conv_state, cu_seqlens, slots, activation="silu"
                cu_seqlens.stride(0), slots.stride(0))
     _conv_varlen_kernel[(N, triton.cdiv(D, BD), triton.cdiv(max_len, BT))](
         x, weight, bias if bias is not None else weight, conv_state, cu_seqlens, slots, y, *strides,
-        y.stride(0), *conv_state.stride(), D, S, T, W=W, BT=BT, BD=BD, HAS_BIAS=bias is not None,
+        bounds[0], bounds[1], *conv_state.stride(), D, S, T, W=W, BT=BT, BD=BD, HAS_BIAS=bias is not None,
         SILU=activation is not None, num_warps=WARPS)
     _conv_state_kernel[(N, triton.cdiv(D, BD))](
         x, conv_state, cu_seqlens, slots, *x.stride(), cu_seqlens.stride(0), slots.stride(0),
         *conv_state.stride(), D, S, T, W=W, BW=max(2, triton.next_power_of_2(W - 1)), BD=BD)
-    return y
+    return out

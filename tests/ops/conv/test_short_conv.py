@@ -54,6 +54,24 @@ def test_short_conv_vs_hf(impl, dtype, lens, slots):
         assert torch.equal(state[s], before[s]), f"slot {s} not in the batch was modified"
 
 
+@pytest.mark.parametrize("impl", runnable("short_conv"))
+def test_split_parts_are_the_columns_of_the_whole(impl):
+    """split=(q, k, v) hands back contiguous parts equal to the whole output's column ranges (a
+    part boundary inside a channel tile, a skipped slot, rows no sequence covers), and the same
+    context written to the slots."""
+    x, w, b, state, cu = _inputs([40, 3, 9], 100, 4, torch.float32, seed=3)
+    cu = torch.tensor([0, 40, 43, 50], dtype=torch.int32)        # rows 50..51 uncovered
+    slots = torch.tensor([1, -1, 0], dtype=torch.int32)
+    s1, s2 = state.clone(), state.clone()
+    whole = call("short_conv", impl, x, w, b, s1, cu, slots)
+    parts = call("short_conv", impl, x, w, b, s2, cu, slots, split=(20, 16, 64))
+    assert [tuple(p.shape) for p in parts] == [(52, 20), (52, 16), (52, 64)]
+    assert all(p.is_contiguous() for p in parts)
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=0, atol=0)
+    assert torch.equal(s1, s2)
+    assert (whole[50:] == 0).all()
+
+
 @pytest.mark.parametrize("impl", runnable("short_conv_update"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_update_vs_hf_and_continuity(impl, dtype):
@@ -95,5 +113,9 @@ def test_short_conv_rejects_bad_input():
     x, w, b, state, cu = _inputs([4], 60, 2, torch.float32)
     with pytest.raises(KernelgateError, match=r"short_conv: conv_state shape \(2, 60, 2\) != \(\*, 60, 3\)"):
         ops.short_conv(x, w, b, state[..., :2], cu, torch.tensor([0], dtype=torch.int32))
+    for bad in [(30, 20), (60, 0), (10, 10, 10, 30), [20, 20, 20]]:
+        with pytest.raises(KernelgateError, match=r"short_conv: split .* must be a tuple of 1 to 3 positive "
+                                                  r"channel counts summing to D = 60"):
+            ops.short_conv(x, w, b, state, cu, torch.tensor([0], dtype=torch.int32), split=bad)
     with pytest.raises(KernelgateError, match=r"short_conv_update: slots shape \(2,\) != \(4,\)"):
         ops.short_conv_update(x, w, b, state, torch.tensor([0, 1], dtype=torch.int32))
