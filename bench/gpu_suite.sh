@@ -23,6 +23,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 # Triton's compile + autotune cache survives between device calls: carry the parts a previous call
 # returned (.triton-cache/part.*, ignored by git) and they are unpacked before anything compiles.
+# When .triton-cache grows towards the carry limit, bench/repack_triton_cache.sh merges it into xz parts.
 export TRITON_CACHE_DIR=/tmp/triton-cache TRITON_CACHE_AUTOTUNING=1
 mkdir -p "$TRITON_CACHE_DIR"
 if ls .triton-cache/part.* >/dev/null 2>&1; then
