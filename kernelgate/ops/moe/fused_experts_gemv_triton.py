@@ -12,9 +12,9 @@ with p = t*k + j and e = ids[t, j]. Each program streams a [rows, BLOCK_K] tile 
 of bf16 at the default sizes) and keeps a 2-D fp32 accumulator, reduced once at the end; the
 gate and up rows of the same outputs are read by the same program, so SwiGLU needs no second
 pass; a down program walks its token's k slots in a fixed order, so the sum over slots needs no
-third launch (H200, one token, bench/RESULTS.md Session 24: 24.5 -> 21.8 µs at Qwen's shapes, 43.7
--> 41.4 at Kimi's; 2-3 % slower at 4 and 8 tokens). A pair whose id is outside [0, E) reads nothing and contributes zeros.
-Strides of every input are honoured (views are fine).
+third launch (H200, one token, bench/RESULTS.md Session 24: 24.5 -> 21.8 µs at Qwen's shapes,
+43.7 -> 41.4 at Kimi's; 2-3 % slower at 4 and 8 tokens). A pair whose id is outside [0, E) reads
+nothing and contributes zeros. Strides of every input are honoured (views are fine).
 """
 from __future__ import annotations
 
