@@ -11,7 +11,8 @@ same routing (ids outside [0, E) skipped, a stacked shared expert is just expert
 SwiGLU, swiglu_limit and fp32 math (fused_experts.py). The gate|up scale grid covers the fused [2I, D]
 tensor: stacking separately quantized gate_proj / up_proj scales needs I % bn == 0 (every real model).
 Implementations read the codes and apply the scales in the kernel (never a dequantized copy):
-`triton` (grouped GEMM on expert-sorted pairs) and `triton_gemv` (decode, T <= 8).
+`triton` (grouped GEMM on expert-sorted pairs) and `triton_gemv` (one token: fused_experts_fp8_gemv_triton.py
+says why not more).
 
 Why an op of its own and not scale arguments on fused_experts: the weight format is fixed when a model
 loads, so the MoE layer knows which op it calls (no platform test at the call site); each op keeps an
@@ -67,8 +68,12 @@ def _triton_supports(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_up_sca
     return None
 
 
-def _gemv_fp8_supports(*args, **kwargs):
-    return _gemv_supports(*args) or _triton_supports(*args, **kwargs)
+def _gemv_fp8_supports(x, *args, **kwargs):
+    from .fused_experts_fp8_gemv_triton import MAX_TOKENS
+    if x.shape[0] > MAX_TOKENS:
+        return (f"T={x.shape[0]} tokens: the FP8 GEMV is for one token (from {MAX_TOKENS + 1} the grouped GEMM reads "
+                "the FP8 experts faster)")
+    return _triton_supports(x, *args, **kwargs)
 
 
 # -- cases ---------------------------------------------------------------------------------
@@ -113,10 +118,12 @@ def cases():
     return [
         _case(1, 160, 72, 8, 2),                                  # GEMV / 16-row blocks
         _case(7, 160, 72, 6, 3, ids="shared"),                    # shared-expert slot, -1 ids
+        _case(1, 160, 72, 6, 3, ids="shared", dtypes=(torch.bfloat16,)),   # the same for the one-token GEMV
         # 64-row blocks; I = 136: two K blocks in down. bf16 only: the fp32 64-row programs (FMA dots)
         # cost ~10 s per GPU target to compile; tests/ops/moe/test_fused_experts_fp8.py checks D 96, I 136 in fp32
         _case(33, 96, 136, 8, 4, ids="invalid", dtypes=(torch.bfloat16,)),
         _case(5, 96, 40, 8, 2, limit=0.5, block=None),            # per channel
+        _case(1, 96, 40, 8, 2, limit=0.5, block=None),            # per channel, the one-token GEMV
         _case(0, 64, 32, 4, 2),
     ]
 
@@ -135,7 +142,7 @@ def bench_cases():
             gen = torch.Generator(device=device).manual_seed(0)
             return make_inputs(T, 2304, 1024, 256, 8, dtype, device, gen)
         return f
-    return [Case(f"kimi-T{T}", make(T), dtypes=(torch.bfloat16,), bytes=_bytes) for T in (1, 4, 16, 64, 512)]
+    return [Case(f"kimi-T{T}", make(T), dtypes=(torch.bfloat16,), bytes=_bytes) for T in (1, 2, 4, 8, 16, 64, 512)]
 
 
 fused_experts_fp8 = declare(OP, fused_experts_fp8_native, validate=validate, check_values=check_values,
@@ -150,4 +157,4 @@ fused_experts_fp8.implementation(
     "triton_gemv", ".fused_experts_fp8_gemv_triton:fused_experts_fp8_gemv", provider="triton", platforms=GPU_TRITON,
     dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",), supports=_gemv_fp8_supports,
     priority=20,
-    doc="portable Triton GEMV on fp8 experts for decode (T <= 8): each pair streams its expert's bytes once")
+    doc="portable Triton GEMV on fp8 experts for one token: each pair streams its expert's bytes once")

@@ -1,4 +1,4 @@
-"""Small-batch routed experts on FP8 e4m3fn weights (decode, T <= 8): fused_experts_gemv_triton.py's
+"""Routed experts on FP8 e4m3fn weights for one token (decode at batch 1): fused_experts_gemv_triton.py's
 GEMV kernels with the weight rows read as bytes -- half the bf16 bytes, which is the whole point at decode.
 
     _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])    [P, I] fp32
@@ -25,6 +25,13 @@ from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
 from .fused_experts_gemv_triton import launch_config
 from .fused_experts_triton import sum_slots
 
+
+# One token only: from two the grouped GEMM (fused_experts_fp8_triton.py) is faster. H200, Kimi's
+# shapes, each forced, CUDA graphs (bench/RESULTS.md Session 25): T=1 34.6 µs against 37.3; T=2 103.5
+# against 53.5; T=4 187.9 against 87.6; T=8 344.9 against 133.8. Above one token this GEMV ran
+# launch_config's LAUNCH (32-row programs, tuned for bf16), 0.26 of its floor; no FP8 launch for
+# 2-8 tokens was swept, as the grouped GEMM already reads the experts at 0.5-0.69 of theirs.
+MAX_TOKENS = 1
 
 # One token on NVIDIA (bench/ops/fused_experts_gemv_sweep.py --fp8 --shared --tokens 1, Kimi's shapes,
 # H200; codes decoded by fp8 conversion instructions then): 4-row programs of 4 warps, 256-code steps:

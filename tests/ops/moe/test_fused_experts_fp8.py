@@ -81,7 +81,7 @@ def test_hand_computed(device):
 @pytest.mark.parametrize("device", [
     Device("cuda", "sm_90", "NVIDIA H100 80GB HBM3"), Device("rocm", "gfx942", "AMD Instinct MI300X")],
     ids=lambda d: d.capability)
-@pytest.mark.parametrize("T", [2, 9], ids=["gemv", "grouped"])
+@pytest.mark.parametrize("T", [1, 2], ids=["gemv", "grouped"])
 def test_each_gpus_decode_gives_the_same_bits(device, T):
     """fp8 conversion (sm_90) and the fnuz view (gfx942) decode exactly: fp32 results are bit-identical
     to the integer decode's (sm_80, gfx90a, Intel, the interpreter)."""
@@ -89,7 +89,7 @@ def test_each_gpus_decode_gives_the_same_bits(device, T):
     with platform.simulate("cuda"):      # no capability on this machine: the integer decode
         base = OP(*args, **kw)
     with platform.simulate(device):
-        assert [i.name for i, why in OP.explain(args, kw) if why is None] == ["triton_gemv" if T <= 8 else "triton"]
+        assert [i.name for i, why in OP.explain(args, kw) if why is None] == ["triton_gemv" if T == 1 else "triton"]
         assert torch.equal(OP(*args, **kw), base)
 
 
