@@ -93,7 +93,7 @@ class Router(nn.Module):
         experts E.. unit weight (biased_grouped_topk's fused shared experts; renormalized
         routing only)."""
         c = self.c
-        logits = F.linear(x.float(), self.weight)                   # [T, E] fp32
+        logits = ops.router_logits(x, self.weight)                  # [T, E] fp32
         return ops.biased_grouped_topk(logits, self.e_score_correction_bias, c.num_experts_per_token,
                                        c.n_group, c.topk_group, c.moe_renormalize,
                                        c.routed_scaling_factor, c.scoring, num_fused_shared_experts=shared)

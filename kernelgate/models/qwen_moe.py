@@ -22,7 +22,6 @@ them, not stacked); every rank's output is a partial sum, reduced by one all-red
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
@@ -52,11 +51,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stacked:
-            logits = F.linear(x.float(), self.router)                                # [T, E + 1] fp32
+            logits = ops.router_logits(x, self.router)                               # [T, E + 1] fp32
             weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax",
                                                    num_fused_shared_experts=1, shared_gate="sigmoid")
             return self.par.all_reduce(run_experts(x, weights, ids, self, "gate_up", "down", self.experts))  # slot k: E
-        logits = F.linear(x.float(), self.gate.weight)                               # [T, E] fp32
+        logits = ops.router_logits(x, self.gate.weight)                              # [T, E] fp32
         weights, ids = ops.biased_grouped_topk(logits, None, self.k, 1, 1, self.renormalize, 1.0, "softmax")
         if self.par.expert_parallel:   # other ranks' experts become -1: skipped by fused_experts
             local = ids - self.experts.first_expert

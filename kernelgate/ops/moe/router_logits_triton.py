@@ -1,0 +1,61 @@
+"""Triton router logits for decode steps: y[t, e] = sum_d float(x[t, d]) * w[e, d] in one launch.
+
+Grid (E / BLOCK_E, T / T_BLOCK): a program holds up to T_BLOCK tokens and BLOCK_E router rows and
+walks D in BLOCK_D steps, fp32 FMAs into a [T_BLOCK, BLOCK_E, BLOCK_D] accumulator summed at the
+end. All tokens of a block share each weight load, so a step of at most T_BLOCK tokens reads the
+router once.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import platform
+
+MAX_TOKENS = 64
+T_BLOCK = 8
+# Launch choices (H200, bench/ops/variants/router_logits.py, Session 25: Qwen3.5-MoE's 257 x 2,048 and
+# Kimi's 256 x 2,304): one token 1-row programs of 8 warps, 256-wide steps (2.5 / 2.8 µs); 2-8 tokens
+# 2-row programs of 4 warps, 512-wide (3.4-4.3 µs). Tuned on NVIDIA only; elsewhere the same.
+ONE_TOKEN = dict(BLOCK_E=1, BLOCK_D=256, num_warps=8)
+LAUNCH = dict(BLOCK_E=2, BLOCK_D=512, num_warps=4)
+
+
+def launch_config(tokens: int) -> dict:
+    if platform.interpreting():   # the interpreter pays per program: few, wide ones
+        return dict(BLOCK_E=16, BLOCK_D=128, num_warps=4)
+    return ONE_TOKEN if tokens == 1 else LAUNCH
+
+
+@triton.jit
+def _router_kernel(x_ptr, w_ptr, y_ptr, T, E, D, sxt, sxd, swe, swd, syt,
+                   T_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    t = tl.program_id(1) * T_PAD + tl.arange(0, T_PAD)
+    e_ok, t_ok = e < E, t < T
+    w_rows = w_ptr + e[:, None].to(tl.int64) * swe
+    x_rows = x_ptr + t[:, None].to(tl.int64) * sxt
+    acc = tl.zeros([T_PAD, BLOCK_E, BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_ok = d < D
+        w = tl.load(w_rows + d[None, :] * swd, mask=e_ok[:, None] & d_ok[None, :], other=0.0)      # [BLOCK_E, BLOCK_D]
+        x = tl.load(x_rows + d[None, :] * sxd, mask=t_ok[:, None] & d_ok[None, :], other=0.0)      # [T_PAD, BLOCK_D]
+        acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
+    tl.store(y_ptr + t[:, None].to(tl.int64) * syt + e[None, :], tl.sum(acc, 2), mask=t_ok[:, None] & e_ok[None, :])
+
+
+def router_logits_triton(x, weight):
+    T, D = x.shape
+    E = weight.shape[0]
+    y = torch.empty((T, E), dtype=torch.float32, device=x.device)
+    if T == 0 or E == 0:
+        return y
+    cfg = launch_config(T)
+    tb = min(T_BLOCK, triton.next_power_of_2(T))
+    _router_kernel[(triton.cdiv(E, cfg["BLOCK_E"]), triton.cdiv(T, tb))](
+        x, weight, y, T, E, D, *x.stride(), *weight.stride(), y.stride(0),
+        T_PAD=tb, BLOCK_E=cfg["BLOCK_E"], BLOCK_D=min(cfg["BLOCK_D"], max(16, triton.next_power_of_2(D))),
+        num_warps=cfg["num_warps"])
+    return y
