@@ -5,7 +5,7 @@
     g     = -exp(A_log) * softplus(in_proj_a(x) + dt_bias)    [T, HV] fp32 log decay
     beta  = sigmoid(in_proj_b(x))                              [T, HV]
     o     = GDN(l2norm(q), l2norm(k), v, g, beta; state[slot])  [T, HV, V] (HV // HK v heads per q/k head)
-    out   = out_proj(gated_rms_norm(o, norm, silu(z)))          per head over V; one op: gated_rms_norm_linear
+    out   = out_proj(gated_rms_norm(o, norm, silu(z)))          per head over V
 
 The four input projections are one matrix (`in_proj`: one matmul reads x once), each keeping
 its parameter name (Qwen3.5's names; the loader de-interleaves Qwen3-Next's fused
@@ -74,8 +74,8 @@ class GatedDeltaNet(nn.Module):
             o = self._prefill(mixed[d:], a[d:], b[d:], conv_state, state, *batch.prefill_part(d))
             if d:
                 o = torch.cat([self._decode(mixed[:d], a[:d], b[:d], conv_state, state, batch.slots[:d]), o])
-        out = quant.norm_linear(o, self.norm, z.reshape(T, HV, V), self.eps, "silu", self.out_proj)   # [T, D]
-        return self.par.all_reduce(out)
+        o = ops.gated_rms_norm(o, self.norm.weight, z.reshape(T, HV, V), self.eps, activation="silu")
+        return self.par.all_reduce(self.out_proj(o.reshape(T, HV * V)))
 
     def _decode(self, mixed, a, b, conv_state, state, slots):
         """One new token per sequence: conv update + gate + delta rule in two launches -> [N, HV, V]."""

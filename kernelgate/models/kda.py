@@ -4,7 +4,7 @@
     g   = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)         [T, H, K] fp32 log decay
     beta = sigmoid(b(x))                                        [T, H]
     o   = KDA(l2norm(q), l2norm(k), v, g, beta; state[slot])    [T, H, V]
-    out = o_proj(gated_rms_norm(o, o_norm, sigmoid gate g_b(g_a(x))))   one op: gated_rms_norm_linear
+    out = o_proj(gated_rms_norm(o, o_norm, sigmoid gate g_b(g_a(x))))
 
 q|k|v, f_a, g_a and b are one matrix (`in_proj`: one matmul reads x once), f_b and g_b one
 batched matmul (`up_proj`); each keeps its own parameter name, a view into the matrix.
@@ -77,7 +77,8 @@ class KimiDeltaAttention(nn.Module):
             o = self._prefill(mixed[d:], f[d:], b[d:], conv_state, state, *batch.prefill_part(d))
             if d:
                 o = torch.cat([self._decode(mixed[:d], f[:d], b[:d], conv_state, state, batch.slots[:d]), o])
-        return self.par.all_reduce(quant.norm_linear(o, self.o_norm, gate, self.eps, "sigmoid", self.o_proj))
+        o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
+        return self.par.all_reduce(self.o_proj(o.reshape(T, H * K)))
 
     def _decode(self, mixed, f, b, conv_state, state, slots):
         """One new token per sequence: conv update + gate + delta rule in two launches -> [N, H, V]."""

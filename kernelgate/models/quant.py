@@ -99,16 +99,6 @@ def linear(x: torch.Tensor, module: nn.Module, name: str) -> torch.Tensor:
     return ops.fp8_linear(x, w, getattr(module, name + "_scale"), first.block_size)
 
 
-def norm_linear(x: torch.Tensor, norm: nn.Module, gate: torch.Tensor, eps: float, activation: str,
-                proj: nn.Module) -> torch.Tensor:
-    """proj(gated_rms_norm(x [T, H, V], norm.weight, gate)) -> [T, N]: one op on a 16-bit weight (one launch
-    at a decode step); on FP8 codes the norm, then their projection (ops.fp8_linear)."""
-    T, H, V = x.shape
-    if proj.weight.dtype == FP8:
-        return proj(ops.gated_rms_norm(x, norm.weight, gate, eps, activation=activation).reshape(T, H * V))
-    return ops.gated_rms_norm_linear(x, norm.weight, gate, proj.weight, eps, activation)
-
-
 def scale(owner: nn.Module, name: str) -> torch.Tensor:
     """The scales of FP8 tensor `name` of `owner`: a parameter's, or a stacked tensor's."""
     sname = owner.__dict__.get("_fp8", {}).get(name)
