@@ -30,7 +30,7 @@ from ..quant.fp8_forms import experts_note
 from ..quant.fp8_weights import (DEFAULT_BLOCK, FP8, block_dims, check_scale_values, check_weight,
                                  dequantize_fp8, quantize_fp8_block, quantize_fp8_channel)
 from .fused_experts import _bytes as _bf16_bytes
-from .fused_experts import _gemv_supports, check_experts, make_inputs as _make_bf16_inputs, routed_swiglu
+from .fused_experts import check_experts, make_inputs as _make_bf16_inputs, routed_swiglu
 
 OP = "fused_experts_fp8"
 
