@@ -64,8 +64,7 @@ def bench_cases():
 def _triton_supports(x, weight):
     from .router_logits_triton import MAX_TOKENS
     if x.shape[0] > MAX_TOKENS:
-        return (f"T={x.shape[0]} tokens: the one-launch form is for decode steps of at most {MAX_TOKENS} "
-                "(beyond, the fp32 GEMM)")
+        return f"T={x.shape[0]} tokens: the one-launch GEMV is for decode steps of at most {MAX_TOKENS}"
     return None
 
 

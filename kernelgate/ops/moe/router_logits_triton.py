@@ -24,7 +24,7 @@ from ... import platform
 # Up to 64 tokens (H200, `kernelgate bench router_logits`, CUDA graphs, Session 25): 2.2 / 3.3 / 3.8 / 4.7
 # / 11.2 µs at 1 / 4 / 8 / 16 / 64 tokens (Qwen3.5-MoE's router) against 5.6 / 12.5 / 13.5 / 13.8 / 14.5
 # for the cast + fp32 GEMM; from 64 the GEMM's tiles read the router once for the whole step, these
-# programs once per 8 tokens. Larger steps are not measured and take the GEMM.
+# programs once per 8 tokens. Larger steps take router_logits_bf16x3 (bf16 x) or the fp32 GEMM.
 MAX_TOKENS = 64
 T_BLOCK = 8
 # Launch choices (H200, bench/ops/variants/router_logits.py, Session 25: Qwen3.5-MoE's 257 x 2,048 and
@@ -35,7 +35,9 @@ LAUNCH = dict(BLOCK_E=2, BLOCK_D=512, num_warps=4)
 
 
 # bf16x3 tiles: [BM, BK] x (bf16) and [BN, BK] w (fp32) per stage, 16 KB at 128 / 64 / 32: within every
-# target's shared memory at two stages. Unmeasured starting point.
+# target's shared memory at two stages. Not swept: an 8,192-token chunk took 108 µs at Kimi's router and
+# 182 at Qwen3.5-MoE's 257 rows (five 64-row tiles) on the H200, against 251 / 292 for the cast + fp32
+# GEMM (Session 25); ~140 TFLOP/s of bf16 dots, room left for a sweep.
 MMA = dict(BM=128, BN=64, BK=32, num_warps=4, num_stages=2)
 
 
