@@ -16,6 +16,10 @@ and bf16 cuBLAS on the same shapes. Needs fp8 matrix instructions (sm_89+); corr
 under TRITON_INTERPRET=1 (--tiny).
 
     PYTHONPATH=. python bench/ops/variants/fp8_w8a8_onetoken.py [--tiny]
+
+Result (H200, bench/RESULTS.md Session 25): slower than the dispatched GEMV at every shape, best
+launch against it 13.0 / 8.9 µs (KDA in_proj), 10.0 / 7.5 (MLA q_proj), 9.7 / 7.3 (KDA o_proj),
+11.7 / 8.4 (Qwen GDN in_proj), 9.2 / 6.7 (Qwen GDN out_proj). Not dispatched; kept as the record.
 """
 from __future__ import annotations
 

@@ -27,9 +27,10 @@ from ... import platform
 # programs once per 8 tokens. Larger steps take router_logits_bf16x3 (bf16 x) or the fp32 GEMM.
 MAX_TOKENS = 64
 T_BLOCK = 8
-# Launch choices (H200, bench/ops/variants/router_logits.py, Session 25: Qwen3.5-MoE's 257 x 2,048 and
-# Kimi's 256 x 2,304): one token 1-row programs of 8 warps, 256-wide steps (2.5 / 2.8 µs); 2-8 tokens
-# 2-row programs of 4 warps, 512-wide (3.4-4.3 µs). Tuned on NVIDIA only; elsewhere the same.
+# Launch choices (H200, Session 25; swept by a probe this op replaced, bench/RESULTS.md): at Qwen3.5-MoE's
+# 257 x 2,048 and Kimi's 256 x 2,304 one token takes 1-row programs of 8 warps and 256-wide steps
+# (2.5 / 2.8 µs), 2-8 tokens 2-row programs of 4 warps, 512-wide (3.4-4.3 µs). Tuned on NVIDIA only;
+# elsewhere the same.
 ONE_TOKEN = dict(BLOCK_E=1, BLOCK_D=256, num_warps=8)
 LAUNCH = dict(BLOCK_E=2, BLOCK_D=512, num_warps=4)
 
