@@ -66,11 +66,15 @@ def _router_kernel(x_ptr, w_ptr, y_ptr, T, E, D, sxt, sxd, swe, swd, syt,
     tl.store(y_ptr + t[:, None].to(tl.int64) * syt + e[None, :], tl.sum(acc, 2), mask=t_ok[:, None] & e_ok[None, :])
 
 
+def _logits(x, weight):
+    """The fp32 [T, E] output of either launcher, and its sizes."""
+    (T, D), E = x.shape, weight.shape[0]
+    return torch.empty((T, E), dtype=torch.float32, device=x.device), T, D, E
+
+
 def router_logits_triton(x, weight):
-    T, D = x.shape
-    E = weight.shape[0]
-    y = torch.empty((T, E), dtype=torch.float32, device=x.device)
-    if T == 0 or E == 0:
+    y, T, D, E = _logits(x, weight)
+    if y.numel() == 0:
         return y
     cfg = launch_config(T)
     tb = min(T_BLOCK, triton.next_power_of_2(T))
@@ -113,10 +117,8 @@ def _router_bf16x3_kernel(x_ptr, w_ptr, y_ptr, T, E, D, sxt, sxd, swe, swd, syt,
 
 
 def router_logits_bf16x3(x, weight):
-    T, D = x.shape
-    E = weight.shape[0]
-    y = torch.empty((T, E), dtype=torch.float32, device=x.device)
-    if T == 0 or E == 0:
+    y, T, D, E = _logits(x, weight)
+    if y.numel() == 0:
         return y
     interp = platform.interpreting()
     cfg = dict(BM=32, BN=32, BK=32, num_warps=4, num_stages=1) if interp else MMA
