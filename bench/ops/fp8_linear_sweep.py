@@ -28,7 +28,7 @@ SHAPES = {"KDA in_proj": (12576, 2304), "KDA o_proj": (2304, 4096), "MLA q_proj"
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,8")
-    ap.add_argument("--only", default="", help="just these GEMV launches: 'ROWS,WIDTH,warps;...'")
+    ap.add_argument("--only", default="", help="just these GEMV launches: 'ROWS,WIDTH,warps[,X_ROWS];...'")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -40,7 +40,7 @@ def main() -> int:
     print("| shape | T | launch | µs | of floor | fp32 max rel err | bf16 cuBLAS µs (of its floor) |")
     print("|---|---:|---|---:|---:|---:|---|")
     grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
-        list(itertools.product((1, 2, 4, 8, 16), (128, 256, 512), (2, 4, 8)))
+        list(itertools.product((4, 8, 16), (256, 512), (2, 4, 8), (0, 1)))
     for name, (N, K) in SHAPES.items():
         for T in (int(t) for t in a.tokens.split(",")):
             gen = torch.Generator(device=dev).manual_seed(0)
@@ -53,8 +53,9 @@ def main() -> int:
             cub = benchmark.graph_us(lambda: torch.nn.functional.linear(x, wb), dev)
             cub_txt = f"{cub:.1f} ({2 * floor_us / cub:.2f})"
             trials = [("split-K tl.dot (dispatched at 2..8 tokens)", dict(form="decode"))] + [
-                (f"GEMV rows {r}, width {wd}, warps {wp}", dict(form="gemv", ROWS=r, WIDTH=wd, num_warps=wp))
-                for r, wd, wp in grid if r * wd <= 8192]
+                (f"GEMV rows {r}, width {wd}, warps {wp}, X_ROWS {bool(xr and xr[0])}",
+                 dict(form="gemv", ROWS=r, WIDTH=wd, num_warps=wp, X_ROWS=bool(xr and xr[0])))
+                for r, wd, wp, *xr in grid if r * wd <= 8192]
             for label, cfg in trials:
                 out = flt.fp8_linear_triton(x, w, s, **cfg)
                 err = rel_err(out, ref)
@@ -63,7 +64,7 @@ def main() -> int:
                     print(f"| {name} | {T} | {label} | wrong: {err:.1e} | | | |")
                     continue
                 us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s, **cfg), dev)
-                star = " *" if T == 1 and all(default.get(k) == v for k, v in cfg.items() if k != "form") else ""
+                star = " *" if T == 1 and all(default.get(k, False) == v for k, v in cfg.items() if k != "form") else ""
                 print(f"| {name} | {T} | {label}{star} | {us:.1f} | {floor_us / us:.2f} | {err32:.1e} | {cub_txt} |",
                       flush=True)
                 cub_txt = ""

@@ -7,7 +7,9 @@ call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at 
 each launch choice is checked against the native reference, then timed in a CUDA graph; the
 floor is each distinct expert's weights read once at the measured copy bandwidth. --qwen: the
 Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8). --fp8: the FP8 GEMV
-(fused_experts_fp8_gemv_triton.py, 128 x 128 block scales; its K step is 2 x BLOCK_K codes).
+(fused_experts_fp8_gemv_triton.py, 128 x 128 block scales; its K step is 2 x BLOCK_K codes), each
+launch with and without X_ROWS (activations loaded in the weight tile's shape). bf16: --only's fifth
+field is the gate/up GEMV's X_ROWS, --down the down GEMV's own launches (each crossed with --only's).
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def main() -> int:
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
     ap.add_argument("--tokens", default="", help="comma-separated T (default 1,4,16; --shared 1,4,8)")
     ap.add_argument("--fp8", action="store_true", help="the FP8 GEMV (block 128 x 128 scales)")
-    ap.add_argument("--only", default="", help="just these launches: 'BLOCK_I,BLOCK_O,BLOCK_K,warps;...'")
+    ap.add_argument("--only", default="", help="just these launches: 'BLOCK_I,BLOCK_O,BLOCK_K,warps[,X_ROWS];...'")
+    ap.add_argument("--down", default="", help="bf16: the down GEMV's own launches 'DOWN_O,DOWN_K,warps,DOWN_X_ROWS;...'")
     ap.add_argument("--dispatched", action="store_true", help="just the launch dispatch makes at each T")
     ap.add_argument("--fp8-module", default="", help="--fp8: time this module's GEMV instead (e.g. a variant "
                     "under bench/ops/variants, on PYTHONPATH)")
@@ -53,7 +56,8 @@ def main() -> int:
         return 1
     dev = torch.device("cuda")
     bw = benchmark.copy_bandwidth(dev)
-    print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | µs | of floor |\n|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | X_ROWS (bf16: + down launch) | µs | of floor |\n"
+          "|---:|---:|---:|---:|---:|---|---:|---:|")
     g8 = __import__(a.fp8_module) if a.fp8_module else gv8
     mod, ref_fn = (g8, fe8.fused_experts_fp8_native) if a.fp8 else (gv, fe.fused_experts_native)
     run = g8.fused_experts_fp8_gemv if a.fp8 else gv.fused_experts_gemv
@@ -75,24 +79,27 @@ def main() -> int:
             if a.dispatched:
                 out = run(*args, **kw)
                 us = benchmark.graph_us(lambda: run(*args, **kw), dev)
-                print(f"| {T} | {default} | | | | {us:.1f} (err {rel_err(out, ref):.1e}) | {floor_us / us:.2f} |", flush=True)
+                print(f"| {T} | {default} | | | | | {us:.1f} (err {rel_err(out, ref):.1e}) | {floor_us / us:.2f} |", flush=True)
                 continue
             grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
-                itertools.product((4, 8, 16), (8, 16, 32), (128, 256), (4, 8)) if a.fp8 else \
+                itertools.product((4, 8, 16), (4, 8, 16, 32), (128, 256), (4,), (0, 1)) if a.fp8 else \
                 itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8))
-            for bi, bo, bk, w in grid:
+            downs = [tuple(int(v) for v in c.split(",")) for c in a.down.split(";")] if a.down and not a.fp8 else [()]
+            for (bi, bo, bk, w, *flags), down in itertools.product(list(grid), downs):
                 if bi * bk > 16384 or bo * bk > 16384:
                     continue
-                trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w)
+                trial = dict(BLOCK_I=bi, BLOCK_O=bo, BLOCK_K=bk, num_warps=w, X_ROWS=bool(flags and flags[0]))
+                trial.update(zip(("DOWN_O", "DOWN_K", "DOWN_WARPS", "DOWN_X_ROWS"), down))
+                flags = flags + list(down)
                 mod.launch_config = lambda plat, tokens=2, trial=trial: trial  # noqa: E731
                 out = run(*args, **kw)
                 err = rel_err(out, ref)
                 if err > 2e-2:
-                    print(f"| {T} | {bi} | {bo} | {bk} | {w} | wrong: {err:.1e} | |")
+                    print(f"| {T} | {bi} | {bo} | {bk} | {w} | {flags} | wrong: {err:.1e} | |")
                     continue
                 us = benchmark.graph_us(lambda: run(*args, **kw), dev)
-                star = " *" if trial == default else ""
-                print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
+                star = " *" if all(default.get(k, False) == v for k, v in trial.items()) else ""
+                print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {flags} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
     finally:
         mod.launch_config = dispatched
         if one_token is not None:

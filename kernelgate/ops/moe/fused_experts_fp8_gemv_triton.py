@@ -1,7 +1,7 @@
 """Routed experts on FP8 e4m3fn weights for one token (decode at batch 1): fused_experts_gemv_triton.py's
 GEMV kernels with the weight rows read as bytes -- half the bf16 bytes, which is the whole point at decode.
 
-    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])    [P, I] fp32
+    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])    [P, I] x's dtype
     _down_kernel     grid (P, D / BLOCK_O):  y[p, o] = w[t, j] * down[e][o, :] . h[p, :]    [P, D] fp32
     sum_slots        (fused_experts_triton)  out[t] = sum_j y[t*k + j]                        [T, D] x dtype
 
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
-from ..quant.fp8_gemv_triton import hw_decode, row_step, row_sums, tile
+from ..quant.fp8_gemv_triton import hw_decode, row_step, row_sums, rows_of, tile
 from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
 from .fused_experts_gemv_triton import launch_config
 from .fused_experts_triton import sum_slots
@@ -34,16 +34,19 @@ from .fused_experts_triton import sum_slots
 MAX_TOKENS = 1
 
 # One token on NVIDIA (bench/ops/fused_experts_gemv_sweep.py --fp8 --shared --tokens 1, Kimi's shapes,
-# H200; codes decoded by fp8 conversion instructions then): 4-row programs of 4 warps, 256-code steps:
-# 37.0 µs against 41.4 with the bf16 GEMV's one-token launch and 47.3 with 128-code steps.
-FP8_ONE_TOKEN = {"cuda": dict(BLOCK_I=4, BLOCK_O=16, BLOCK_K=128, num_warps=4)}
+# H200, codes decoded by fp8 conversion instructions): 4-row gate/up and 8-row down programs of 4 warps,
+# 256-code steps, activations loaded in the weight tile's shape (X_ROWS; fp8_gemv_triton.rows_of):
+# 32.6 µs, against 36.9 for the same launch with the activations broadcast from one [NB, BK] load
+# (whose compiled loop waits at 8 barriers per K step) and 37.6 for Session 19's 4 / 16 launch
+# (bench/RESULTS.md Session 26).
+FP8_ONE_TOKEN = {"cuda": dict(BLOCK_I=4, BLOCK_O=8, BLOCK_K=128, num_warps=4, X_ROWS=True)}
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, swr, swd,
-                    sse, ssr, ssk, sit, sij, bn, bk, limit, out_mul,
+                    sse, ssr, ssk, sit, sij, bn, bk: tl.constexpr, limit, out_mul,
                     HAS_LIMIT: tl.constexpr, HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr,
-                    BLOCK_I: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr):
+                    BLOCK_I: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)                # [BLOCK_I]
@@ -64,7 +67,10 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd
         w_u = w_g + I * swr                                                   # up rows [I, 2I)
         for k0 in range(0, D, NB * BK):
             kk = k0 + sub
-            xv = tl.load(x_ptr + t.to(tl.int64) * sxt + kk * sxd, mask=kk < D, other=0.0).to(tl.float32)
+            if X_ROWS:
+                xv = rows_of(x_ptr + t.to(tl.int64) * sxt, kk, sxd, D, BLOCK_I)
+            else:
+                xv = tl.load(x_ptr + t.to(tl.int64) * sxt + kk * sxd, mask=kk < D, other=0.0).to(tl.float32)
             acc_g = row_step(acc_g, w_g, sg_rows, sg_row0, xv, kk, k0, D, bk, swd, ssk, i_ok, HW, ONE_KBLOCK, UNIFORM,
                              NB, BK)
             acc_u = row_step(acc_u, w_u, su_rows, su_row0, xv, kk, k0, D, bk, swd, ssk, i_ok, HW, ONE_KBLOCK, UNIFORM,
@@ -80,9 +86,9 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd
 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe, swr, swi, sse, ssr, ssk,
-                 sit, sij, stt, stj, bn, bk, out_mul,
-                 HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, BLOCK_O: tl.constexpr, NB: tl.constexpr,
-                 BK: tl.constexpr):
+                 sit, sij, stt, stj, bn, bk: tl.constexpr, out_mul,
+                 HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, BLOCK_O: tl.constexpr,
+                 NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
     o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)                # [BLOCK_O] output columns
@@ -98,7 +104,10 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe
         w_rows = w_ptr + e * swe + o.to(tl.int64) * swr
         for k0 in range(0, I, NB * BK):
             kk = k0 + sub
-            hv = tl.load(h_ptr + p.to(tl.int64) * I + kk, mask=kk < I, other=0.0)
+            if X_ROWS:
+                hv = rows_of(h_ptr + p.to(tl.int64) * I, kk, 1, I, BLOCK_O)
+            else:
+                hv = tl.load(h_ptr + p.to(tl.int64) * I + kk, mask=kk < I, other=0.0).to(tl.float32)
             acc = row_step(acc, w_rows, s_rows, s_row0, hv, kk, k0, I, bk, swi, ssk, o_ok, HW, ONE_KBLOCK,
                            UNIFORM, NB, BK)
     wt = tl.load(tw_ptr + t.to(tl.int64) * stt + j * stj)
@@ -120,10 +129,9 @@ def fused_experts_fp8_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_
     width = 2 * cfg["BLOCK_K"]          # codes per row and K step: twice the bf16 GEMV's elements, its bytes
     (gbn, gbk), (dbn, dbk) = block_dims(block_size, D), block_dims(block_size, I)
     hw = hw_decode(plat.capability)
-    bi, bo = cfg["BLOCK_I"], cfg["BLOCK_O"]
+    bi, bo, xr = cfg["BLOCK_I"], cfg["BLOCK_O"], bool(cfg.get("X_ROWS", False))
     P = T * k
-    h = alloc.empty((P, I), torch.float32, x.device)
-    y = alloc.empty((P, D), torch.float32, x.device)
+    h = alloc.empty((P, I), torch.float32 if x.dtype == torch.float32 else x.dtype, x.device)
     wgu, wdn = w_gate_up.view(torch.uint8), w_down.view(torch.uint8)
     sgu, sdn = w_gate_up_scale, w_down_scale
     warps = {"num_warps": cfg["num_warps"]}
@@ -131,9 +139,10 @@ def fused_experts_fp8_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_
         x, wgu, sgu, topk_ids, h, D, I, E, k, *x.stride(), *wgu.stride(), *sgu.stride(), *topk_ids.stride(),
         gbn, gbk, float(swiglu_limit) if swiglu_limit is not None else 0.0, 1.0,
         HAS_LIMIT=swiglu_limit is not None, HW=hw, ONE_KBLOCK=triton.cdiv(D, gbk) == 1,
-        UNIFORM=gbn % bi == 0 and I % bi == 0, BLOCK_I=bi, **tile(gbk, D, width), **warps)
+        UNIFORM=gbn % bi == 0 and I % bi == 0, BLOCK_I=bi, **tile(gbk, D, width), X_ROWS=xr, **warps)
+    y = alloc.empty((P, D), torch.float32, x.device)
     _down_kernel[(P, triton.cdiv(D, bo))](
         h, wdn, sdn, topk_ids, topk_weights, y, D, I, E, k, *wdn.stride(), *sdn.stride(), *topk_ids.stride(),
         *topk_weights.stride(), dbn, dbk, 1.0, HW=hw, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, UNIFORM=dbn % bo == 0,
-        BLOCK_O=bo, **tile(dbk, I, width), **warps)
+        BLOCK_O=bo, **tile(dbk, I, width), X_ROWS=xr, **warps)
     return sum_slots(y, topk_ids.contiguous(), out, E)    # the sum kernel reads ids densely

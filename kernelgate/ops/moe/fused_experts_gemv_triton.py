@@ -5,15 +5,16 @@ GEMM (fused_experts_triton.py) pads every pair to a 16-row MMA block and sorts p
 here every program multiplies one pair's activation vector by a slice of its expert's weights
 with plain fp32 FMAs and never sorts:
 
-    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])          [P, I] fp32
+    _gate_up_kernel  grid (P, I / BLOCK_I):  h[p, i] = swiglu(gate[e] x[t], up[e] x[t])          [P, I] x's dtype
     _down_kernel     grid (T, D / DOWN_O):   out[t, o] = sum_j w[t, j] down[e_j][o, :] . h[p_j, :]  [T, D] x dtype
 
-with p = t*k + j and e = ids[t, j]. Each program streams a [rows, BLOCK_K] tile per step (16 KB
-of bf16 at the default sizes) and keeps a 2-D fp32 accumulator, reduced once at the end; the
-gate and up rows of the same outputs are read by the same program, so SwiGLU needs no second
-pass; a down program walks its token's k slots in a fixed order, so the sum over slots needs no
-third launch (H200, one token, bench/RESULTS.md Session 24: 24.5 -> 21.8 µs at Qwen's shapes,
-43.7 -> 41.4 at Kimi's; 2-3 % slower at 4 and 8 tokens). A pair whose id is outside [0, E) reads
+with p = t*k + j and e = ids[t, j]; h is stored in x's dtype, as the grouped GEMM stores it (bf16 since
+Session 26: half the bytes, and the down GEMV's h tile as wide as its weight tile). Each program
+streams a [rows, BLOCK_K] tile per step (16 KB of bf16 at the default sizes) and keeps a 2-D fp32
+accumulator, reduced once at the end; the gate and up rows of the same outputs are read by the same
+program, so SwiGLU needs no second pass; a down program walks its token's k slots in a fixed order,
+so the sum over slots needs no third launch (H200, one token, bench/RESULTS.md Session 24: 24.5 ->
+21.8 µs at Qwen's shapes, 43.7 -> 41.4 at Kimi's; 2-3 % slower at 4 and 8 tokens). A pair whose id is outside [0, E) reads
 nothing and contributes zeros. Strides of every input are honoured (views are fine).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
+from ..quant.fp8_gemv_triton import rows_of
 
 # Up to this many tokens the GEMV streams each hit expert's bytes faster than the grouped GEMM, whose
 # 16-row MMA tiles are mostly padding at a few tokens; by 16 tokens the MMA form reads each expert as
@@ -31,9 +33,16 @@ MAX_TOKENS = 8
 # Launch choices per platform name (from platform.current(), so a simulated platform takes its own):
 # rows of outputs per program, reduction tile width, warps (BLOCK_O is the FP8 GEMV's down rows; the
 # bf16 down takes DOWN_O / DOWN_K / DOWN_WARPS, falling back to BLOCK_O / BLOCK_K / num_warps).
+# The down GEMV: 2-row programs of 4 warps, h loaded in the weight tile's shape (DOWN_X_ROWS, no exchange
+# through shared memory; fp8_gemv_triton.rows_of). H200, whole op, bench/ops/fused_experts_gemv_sweep.py
+# --shared (bench/RESULTS.md Session 26): Kimi T=1 45.8 -> 41.0 µs, T=8 219.8 -> 215.0; Qwen T=1 22.8 -> 21.9
+# (the gate/up GEMV is faster with its [BLOCK_K] activation load: 47.1 against 45.6 at Kimi's T=1).
+# Elsewhere (not measured there) Session 24's down launch: 4-row programs, h loaded once per K step.
+_DOWN_CUDA = dict(DOWN_O=2, DOWN_K=512, DOWN_WARPS=4, DOWN_X_ROWS=True)
 _DOWN = dict(DOWN_O=4, DOWN_K=512, DOWN_WARPS=4)
 LAUNCH = {
     "default": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4, **_DOWN),
+    "cuda": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4, **_DOWN_CUDA),
     "rocm": dict(BLOCK_I=32, BLOCK_O=16, BLOCK_K=256, num_warps=4, **_DOWN),   # 64-wide wavefronts: 4 = 256 lanes
 }
 
@@ -41,7 +50,7 @@ LAUNCH = {
 # One token (k + 1 = 9 pairs with Kimi's stacked shared expert): 8-row programs of 8 warps, so
 # the gate_up grid is 1,152 programs rather than 288 (about two per SM, a ragged last wave);
 # from a few tokens on, LAUNCH's grid is wide enough. Tuned on NVIDIA only: elsewhere LAUNCH.
-ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=256, num_warps=8, **_DOWN)}
+ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=256, num_warps=8, **_DOWN_CUDA)}
 
 
 def launch_config(plat, tokens: int = 2) -> dict:
@@ -54,7 +63,7 @@ def launch_config(plat, tokens: int = 2) -> dict:
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, swr, swd, sit, sij, limit,
-                    HAS_LIMIT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+                    HAS_LIMIT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, X_ROWS: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)                # [BLOCK_I]
@@ -69,10 +78,13 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, 
         for k0 in range(0, D, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             k_ok = kk < D
-            xv = tl.load(x_ptr + t.to(tl.int64) * sxt + kk * sxd, mask=k_ok, other=0.0).to(tl.float32)
+            if X_ROWS:
+                xv = rows_of(x_ptr + t.to(tl.int64) * sxt, kk, sxd, D, BLOCK_I)
+            else:
+                xv = tl.load(x_ptr + t.to(tl.int64) * sxt + kk * sxd, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             m = i_ok[:, None] & k_ok[None, :]
-            acc_g += tl.load(w_g + kk[None, :] * swd, mask=m, other=0.0).to(tl.float32) * xv[None, :]
-            acc_u += tl.load(w_u + kk[None, :] * swd, mask=m, other=0.0).to(tl.float32) * xv[None, :]
+            acc_g += tl.load(w_g + kk[None, :] * swd, mask=m, other=0.0).to(tl.float32) * xv
+            acc_u += tl.load(w_u + kk[None, :] * swd, mask=m, other=0.0).to(tl.float32) * xv
     g = tl.sum(acc_g, axis=1)
     u = tl.sum(acc_u, axis=1)
     if HAS_LIMIT:
@@ -84,7 +96,7 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, 
 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, D, I, E, TOPK, swe, swr, swi, sit, sij, stt, stj, sot,
-                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, X_ROWS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)                # [BLOCK_O] output columns
     o_ok = o < D
@@ -98,9 +110,12 @@ def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, D, I, E, TOPK, swe, swr
             for k0 in range(0, I, BLOCK_K):
                 kk = k0 + tl.arange(0, BLOCK_K)
                 k_ok = kk < I
-                hv = tl.load(h_row + kk, mask=k_ok, other=0.0) * wt
+                if X_ROWS:
+                    hv = rows_of(h_row, kk, 1, I, BLOCK_O) * wt
+                else:
+                    hv = (tl.load(h_row + kk, mask=k_ok, other=0.0).to(tl.float32) * wt)[None, :]
                 w = tl.load(w_rows + kk[None, :] * swi, mask=o_ok[:, None] & k_ok[None, :], other=0.0)
-                acc += w.to(tl.float32) * hv[None, :]
+                acc += w.to(tl.float32) * hv
     tl.store(out_ptr + t * sot + o, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=o_ok)
 
 
@@ -113,15 +128,15 @@ def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation=
         return out
     cfg = launch_config(platform.current(), T)
     P = T * k
-    h = alloc.empty((P, I), torch.float32, x.device)
-    warps = {"num_warps": cfg["num_warps"]}
+    h = alloc.empty((P, I), torch.float32 if x.dtype == torch.float32 else x.dtype, x.device)
+    warps, xr = {"num_warps": cfg["num_warps"]}, bool(cfg.get("X_ROWS", False))
     _gate_up_kernel[(P, triton.cdiv(I, cfg["BLOCK_I"]))](
         x, w_gate_up, topk_ids, h, D, I, E, k, *x.stride(), *w_gate_up.stride(), *topk_ids.stride(),
         float(swiglu_limit) if swiglu_limit is not None else 0.0,
-        HAS_LIMIT=swiglu_limit is not None, BLOCK_I=cfg["BLOCK_I"], BLOCK_K=cfg["BLOCK_K"], **warps)
+        HAS_LIMIT=swiglu_limit is not None, BLOCK_I=cfg["BLOCK_I"], BLOCK_K=cfg["BLOCK_K"], X_ROWS=xr, **warps)
     bo = cfg.get("DOWN_O", cfg["BLOCK_O"])
     _down_kernel[(T, triton.cdiv(D, bo))](
         h, w_down, topk_ids, topk_weights, out, D, I, E, k, *w_down.stride(), *topk_ids.stride(),
         *topk_weights.stride(), out.stride(0), BLOCK_O=bo, BLOCK_K=cfg.get("DOWN_K", cfg["BLOCK_K"]),
-        num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]))
+        X_ROWS=bool(cfg.get("DOWN_X_ROWS", False)), num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]))
     return out

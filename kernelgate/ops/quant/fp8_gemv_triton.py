@@ -10,8 +10,16 @@ sign-extended code shifted left by 20 and masked is the fp32 whose value is the 
 conversion form measured 37.0 µs for Kimi's experts at one token, the integer form 40.5
 (bench/ops/fused_experts_gemv_sweep.py --fp8, bench/RESULTS.md Session 19).
 
+The activations come either as one [NB, BK] load per K step, broadcast over the tile's rows, or
+(rows_of, a launch's X_ROWS) as a load in the weight tile's own shape. The first reads each value
+once, but its register layout is not the weight tile's: compiled for sm_90 the loop exchanges it
+through shared memory, two barriers per exchange (8 per K step in the experts' gate/up GEMV). The
+second repeats each value per row (L1 hits) and needs no exchange; which is faster depends on the
+tile (bench/RESULTS.md Session 26: Kimi's experts 37.6 -> 32.6 µs, KDA o_proj 8.4 -> 5.3).
+
 Where a tile's rows share their scale blocks (bn a multiple of the tile's rows, UNIFORM) the scales
-multiply the activations once per sub-tile, not once per code.
+multiply the activations once per sub-tile, not once per code. A scale block's K size is a compile-time
+constant (bk), so finding a sub-tile's block takes no runtime division in the loop.
 """
 from __future__ import annotations
 
@@ -59,24 +67,39 @@ def hw_decode(capability) -> bool:
 
 
 @triton.jit
+def rows_of(x_row, kk, sxk, K, ROWS: tl.constexpr):
+    """[ROWS, *kk.shape] fp32: the activations at K offsets kk ([BK] or [NB, BK]), once per weight row --
+    loaded in the weight tile's own shape, so both loads get the same register layout (same shape,
+    contiguous along K) and the product needs no exchange through shared memory (a [NB, BK] load
+    broadcast to the rows does: the compiled loops then wait at barriers); the repeated rows are L1 hits."""
+    if len(kk.shape) == 1:
+        ptrs = tl.broadcast_to((x_row + kk * sxk)[None, :], (ROWS, kk.shape[0]))
+        m = tl.broadcast_to((kk < K)[None, :], (ROWS, kk.shape[0]))
+    else:
+        ptrs = tl.broadcast_to((x_row + kk * sxk)[None, :, :], (ROWS, kk.shape[0], kk.shape[1]))
+        m = tl.broadcast_to((kk < K)[None, :, :], (ROWS, kk.shape[0], kk.shape[1]))
+    return tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swd, ssk, r_ok, HW: tl.constexpr,
              ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr):
     """acc [rows, NB, BK] += codes(w_rows + kk) * x (* the scales of each sub-tile's K block);
-    kk [NB, BK] the step's K offsets, xv [NB, BK] fp32 activations there. s_rows [rows]: each row's
-    scale row; s_row0: the first row's (UNIFORM: all rows')."""
+    kk [NB, BK] the step's K offsets, xv [NB, BK] or [rows, NB, BK] (rows_of) fp32 activations there. s_rows [rows]:
+    each row's scale row; s_row0: the first row's (UNIFORM: all rows')."""
     m = r_ok[:, None, None] & (kk < K)[None, :, :]
     w = fp8_f32(tl.load(w_rows[:, None, None] + kk[None, :, :] * swd, mask=m, other=0), HW)
     if ONE_KBLOCK:
-        acc += w * xv[None, :, :]
+        acc += w * xv
     else:
         k_sub = k0 + tl.arange(0, NB) * BK                                 # [NB] sub-tile starts
         if UNIFORM:
             s = tl.load(s_row0 + (k_sub // bk) * ssk, mask=k_sub < K, other=0.0)             # [NB]
-            acc += w * (xv * s[:, None])[None, :, :]
+            acc += w * (xv * s[:, None])
         else:
             s = tl.load(s_rows[:, None] + (k_sub // bk)[None, :] * ssk, mask=r_ok[:, None] & (k_sub < K)[None, :],
                         other=0.0)                                         # [rows, NB]
-            acc += w * (xv[None, :, :] * s[:, :, None])
+            acc += w * (xv * s[:, :, None])
     return acc
 
 
@@ -90,9 +113,9 @@ def row_sums(acc, s_rows, r_ok, out_mul, ONE_KBLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk, sym, syn, bn, bk,
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk, sym, syn, bn, bk: tl.constexpr,
                  HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
-                 NB: tl.constexpr, BK: tl.constexpr):
+                 NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr):
     t = tl.program_id(0)
     n0 = tl.program_id(1) * ROWS
     n = n0 + tl.arange(0, ROWS)
@@ -105,7 +128,10 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk,
     acc = tl.zeros([ROWS, NB, BK], dtype=tl.float32)
     for k0 in range(0, K, NB * BK):
         kk = k0 + sub
-        xv = tl.load(x_row + kk * sxk, mask=kk < K, other=0.0).to(tl.float32)
+        if X_ROWS:
+            xv = rows_of(x_row, kk, sxk, K, ROWS)
+        else:
+            xv = tl.load(x_row + kk * sxk, mask=kk < K, other=0.0).to(tl.float32)
         acc = row_step(acc, w_rows, s_rows, s_row0, xv, kk, k0, K, bk, swk, ssk, n_ok, HW, ONE_KBLOCK, UNIFORM,
                        NB, BK)
     y = row_sums(acc, s_rows, n_ok, 1.0, ONE_KBLOCK)
@@ -125,5 +151,6 @@ def fp8_gemv(x, weight, weight_scale, block_size, y, cfg: dict, hw: bool):
     _gemv_kernel[(T, triton.cdiv(N, rows))](
         x, w, weight_scale, y, N, K, *x.stride(), *w.stride(), *weight_scale.stride(), *y.stride(), bn, bk,
         HW=hw, ONE_KBLOCK=triton.cdiv(K, bk) == 1, UNIFORM=bn % rows == 0, ROWS=rows, **tile(bk, K, cfg["WIDTH"]),
+        X_ROWS=bool(cfg.get("X_ROWS", False)),
         num_warps=cfg["num_warps"])
     return y

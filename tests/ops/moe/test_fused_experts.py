@@ -166,6 +166,22 @@ def test_moe_align_is_a_padded_permutation(T, k, E, block_m):
     assert n_live == int(((counts + block_m - 1) // block_m).sum()), "padding is minimal"
 
 
+@pytest.mark.skipif(not platform.interpreting(), reason="runs under TRITON_INTERPRET=1 only")
+@pytest.mark.parametrize("x_rows,down_x_rows", [(False, False), (True, True), (False, True)],
+                         ids=["x-once", "x-rows", "h-rows"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_gemv_launch_forms_match_hf(monkeypatch, T, x_rows, down_x_rows):
+    """The decode GEMV with x (gate/up) and h (down) loaded once per K step or in the weight tile's
+    shape (X_ROWS / DOWN_X_ROWS, NVIDIA's down form), 2-row down programs: equal to the reference."""
+    from kernelgate.ops.moe import fused_experts_gemv_triton as gemv
+    monkeypatch.setattr(gemv, "launch_config", lambda plat, tokens=2: dict(
+        BLOCK_I=8, BLOCK_O=16, BLOCK_K=32, num_warps=4, DOWN_O=2, DOWN_K=64, DOWN_WARPS=4, X_ROWS=x_rows,
+        DOWN_X_ROWS=down_x_rows))
+    for dtype in (torch.float32, torch.bfloat16):
+        args, kw = make_inputs(T, 96, 80, 6, 3, dtype, "cpu", torch.Generator().manual_seed(T))
+        assert_close(gemv.fused_experts_gemv(*args, **kw), OP.reference(*args, **kw), TOL[dtype], what=f"{dtype}")
+
+
 @triton_here
 @pytest.mark.parametrize("T,impl", [(3, "triton_gemv"), (9, "triton")])
 def test_simulated_xpu_dispatches_to_triton(T, impl):

@@ -93,6 +93,25 @@ def test_each_gpus_decode_gives_the_same_bits(device, T):
         assert torch.equal(OP(*args, **kw), base)
 
 
+@interpreted
+@pytest.mark.parametrize("x_rows", [False, True], ids=["x-once", "x-rows"])
+@pytest.mark.parametrize("rows,block", [(8, (128, 128)), (16, (24, 32)), (8, None)],
+                         ids=["uniform", "rows-straddle-blocks", "one-k-block"])
+def test_gemv_launch_forms_match_the_definition(monkeypatch, rows, block, x_rows):
+    """The one-token GEMV with its activations (x, then h) loaded once per K step or in the weight
+    tile's shape (X_ROWS, NVIDIA's form), with tiles whose rows share a scale block, straddle two, or
+    have one K block: equal to fused_experts on the dequantized weights."""
+    from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gemv
+    monkeypatch.setattr(gemv, "launch_config", lambda plat, tokens=2: dict(
+        BLOCK_I=rows, BLOCK_O=rows, BLOCK_K=32, num_warps=4, X_ROWS=x_rows))
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(8)
+        (x, gu, dn, tw, ti, gus, dns), kw = make_inputs(1, 160, 72, 6, 3, dtype, "cpu", gen, ids="shared", block=block)
+        want = BF16.reference(x.float(), dequantize_fp8(gu, gus, block), dequantize_fp8(dn, dns, block), tw, ti)
+        out = gemv.fused_experts_fp8_gemv(x, gu, dn, tw, ti, gus, dns, **kw)
+        assert_close(out, want.to(dtype), TOL[dtype], what=f"{dtype}")
+
+
 @pytest.mark.parametrize("bad,arg,needle", [
     (lambda a: {**a, "w_gate_up_scale": a["w_gate_up_scale"][:, :1]}, "w_gate_up_scale",
      "shape (4, 1, 2) != (4, 2, 2)"),
