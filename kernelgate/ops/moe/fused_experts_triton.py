@@ -155,12 +155,13 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, 
 
 
 @triton.jit
-def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK, BLOCK_D: tl.constexpr):
+def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK: tl.constexpr, BLOCK_D: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs < D
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for j in range(TOPK):   # fixed order over slots: deterministic
+    for j in tl.static_range(TOPK):   # fixed order over slots: deterministic; unrolled, so the k loads
+        # are in flight together (a loop waits for each: ~5 µs for one token's 9 rows on the H200)
         e = tl.load(ids_ptr + t * TOPK + j) + tl.zeros([BLOCK_D], dtype=tl.int32)  # as a vector mask
         ok = d_ok & (e >= 0) & (e < E)
         acc += tl.load(y_ptr + (t * TOPK + j) * D + offs, mask=ok, other=0.0)
