@@ -73,6 +73,8 @@ VARS = {v.name: v for v in [
         "1: every op call also checks its index values (slots, cu_seqlens, block ids) on the host"),
     Var("KERNELGATE_TRACE", _flag, False, "1: print each new dispatch choice (op -> implementation)"),
     Var("KERNELGATE_GRAPHS", _graphs, True, "0: decode eagerly instead of through captured device graphs"),
+    Var("KERNELGATE_PDL", _flag, True,
+        "0: launch the decode kernels without programmatic dependent launch (NVIDIA sm_90+ only)"),
     Var("KERNELGATE_CACHE_DIR", _text, None, "where compiled kernels persist (default ~/.cache/kernelgate)"),
     Var("KERNELGATE_DIST_TIMEOUT", _seconds, 300.0,
         "seconds a tensor-parallel collective waits for its peers before the job ends"),

@@ -9,8 +9,10 @@ from ..errors import KernelgateError
 
 def doctor_report() -> dict:
     from .. import platform, registry
+    from ..ops.common import pdl
     plat = platform.current()
-    report = {"platform": plat.as_dict(), "collectives": platform.collective_line(plat), "ops": {}}
+    report = {"platform": plat.as_dict(), "collectives": platform.collective_line(plat), "launches": pdl.line(plat),
+              "ops": {}}
     for name, op in sorted(registry.ops().items()):
         rows = op.explain()
         chosen = next((i.name for i, r in rows if r is None), None)
@@ -35,6 +37,7 @@ def doctor(args) -> int:
     print(f"platform  {p['platform']}{sim}   device {p['device']} {p['device_name'] or ''} {p['capability'] or ''}")
     print(f"triton    {p['triton']}   side streams: {'yes' if p['streams'] else 'no'}")
     print(report["collectives"])
+    print(report["launches"])
     print("libraries " + ", ".join(f"{k}: {v}" for k, v in p["libraries"].items()))
     print()
     print(f"{'op':<36} {'implementation':<22} {'provider':<12} reason")

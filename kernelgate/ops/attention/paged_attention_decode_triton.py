@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
+from ..common.pdl import inputs_ready, pdl_args
 from ..common.split_kv import num_splits
 from . import paged
 
@@ -87,10 +88,12 @@ def _dot(a, b, DOT_F32: tl.constexpr):
 def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
                     s_qn, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
                     num_blocks, max_blocks, block_size, Hq, G, D, qk_scale, splits,
-                    GP: tl.constexpr, DP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+                    GP: tl.constexpr, DP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
+                    PDL: tl.constexpr):
     n = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
+    inputs_ready(PDL)
     L = tl.load(len_ptr + n)
     L = tl.minimum(tl.maximum(L, 0), max_blocks * block_size)     # never past the table row
     per = tl.cdiv(tl.cdiv(L, BLOCK_N), splits)
@@ -144,7 +147,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
 
 
 @triton.jit
-def _merge_kernel(op_ptr, lsep_ptr, o_ptr, Hq, D, splits, DP: tl.constexpr, SB: tl.constexpr):
+def _merge_kernel(op_ptr, lsep_ptr, o_ptr, Hq, D, splits, DP: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr):
     """Program (sequence n, query head h): one pass over the splits, SB at a time, rescaling the
     running sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read."""
     n = tl.program_id(0)
@@ -155,6 +158,7 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, Hq, D, splits, DP: tl.constexpr, SB: 
     mx = tl.full([1], float("-inf"), dtype=tl.float32)
     den = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([DP], dtype=tl.float32)
+    inputs_ready(PDL)
     for s0 in range(0, splits, SB):
         ss = s0 + tl.arange(0, SB)
         prow = first + ss * Hq                                     # [SB]
@@ -200,10 +204,10 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, scale, cfg=None):
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         nb, max_blocks, bs, Hq, G, D, scale * math.log2(math.e), splits,
         GP=GP, DP=DP, BLOCK_N=bn, DOT_F32=interpreting() or k_cache.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args())
     if splits > 1:
         sb = min(triton.next_power_of_2(splits), max(1, MERGE_VALUES // DP))
-        _merge_kernel[(N, Hq)](o_part, lse_part, o, Hq, D, splits, DP=DP, SB=sb, num_warps=4)
+        _merge_kernel[(N, Hq)](o_part, lse_part, o, Hq, D, splits, DP=DP, SB=sb, num_warps=4, **pdl_args())
     return o
 
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
+from ..common.pdl import inputs_ready, pdl_args
 
 # Launch choices per platform (first match wins, None matches any). values: a program's tile,
 # rows x padded head dim (fp32 values per tensor held in registers: x, its partner, cos, sin),
@@ -55,7 +56,7 @@ def tile(cfg: dict, rows: int, Dh: int) -> tuple[int, int, int]:
 def _rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
                           n_rows, H, s_xt, s_xh, s_ct, s_cd, s_st, s_sd, eps,
                           Dh: tl.constexpr, HALF: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)     # [BLOCK_R] row = t * H + head
     t = r // H
     hd = r % H
@@ -65,6 +66,7 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     m = rmask[:, None] & dmask[None, :]
     row_x = (t * s_xt + hd * s_xh)[:, None]                                 # [BLOCK_R, 1]
 
+    inputs_ready(PDL)
     x = tl.load(x_ptr + row_x + d[None, :], mask=m, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / Dh + eps)                       # [BLOCK_R]
     w = tl.load(w_ptr + d, mask=dmask, other=0.0)
@@ -98,5 +100,6 @@ def rms_norm_rope_triton(x, weight, cos, sin, eps, cfg=None):
     _rms_norm_rope_kernel[(triton.cdiv(T * H, block_r),)](
         x, weight.contiguous(), cos, sin, out,
         T * H, H, x.stride(0), x.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        float(eps), Dh=Dh, HALF=cos.shape[1], BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps)
+        float(eps), Dh=Dh, HALF=cos.shape[1], BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+        **pdl_args())
     return out

@@ -17,15 +17,18 @@ import triton
 import triton.language as tl
 
 from ... import alloc
+from ..common.pdl import inputs_ready, pdl_args
 
 
 @triton.jit
 def _conv_update_kernel(x, weight, bias, state, slots, y, sx0, sx1, sw0, sw1, sb, ssl, sy,
                         ss0, ss1, ss2, D, S,
-                        W: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+                        W: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                        PDL: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     md = o_d < D
+    inputs_ready(PDL)
     slot = tl.load(slots + i_n * ssl).to(tl.int64)
     live = (slot >= 0) & (slot < S)
     ok = (tl.zeros([BD], dtype=tl.int64) + live.to(tl.int64)) > 0   # vector: a scalar mask term breaks the interpreter
@@ -126,7 +129,8 @@ def short_conv_update(x, weight, bias, conv_state, slots, activation="silu"):
     _conv_update_kernel[(N, triton.cdiv(D, BD))](
         x, weight, bias if bias is not None else weight, conv_state, slots, y, *x.stride(), *weight.stride(),
         bias.stride(0) if bias is not None else 0, slots.stride(0), y.stride(0), *conv_state.stride(),
-        D, conv_state.shape[0], W=W, BD=BD, HAS_BIAS=bias is not None, SILU=activation is not None)
+        D, conv_state.shape[0], W=W, BD=BD, HAS_BIAS=bias is not None, SILU=activation is not None,
+        **pdl_args())
     return y
 
 

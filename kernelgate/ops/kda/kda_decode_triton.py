@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc
+from ..common.pdl import inputs_ready, pdl_args
 from .kda_decode import unpack
 
 
@@ -45,7 +46,7 @@ def _kda_step_kernel(q, k, v, g, beta, A_log, dt_bias, state, slots, o,
                      ss0, ss1, ss2, ss3, so0, pool, scale, lower_bound,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      PACKED: tl.constexpr, USE_LB: tl.constexpr, HAS_BIAS: tl.constexpr, L2: tl.constexpr,
-                     GROUP: tl.constexpr, SCALAR_G: tl.constexpr):
+                     GROUP: tl.constexpr, SCALAR_G: tl.constexpr, PDL: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -55,6 +56,7 @@ def _kda_step_kernel(q, k, v, g, beta, A_log, dt_bias, state, slots, o,
     mk = o_k < K
     mv = o_v < V
     p_o = o + i_n * so0 + i_h * V + o_v
+    inputs_ready(PDL)
     slot = tl.load(slots + i_n * ssl).to(tl.int64)
     if (slot < 0) | (slot >= pool):
         tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mv)
@@ -110,7 +112,8 @@ def launch_step(q, k, v, g, beta, A_log, dt_bias, state, slots, scale, lower_bou
         *beta.stride(), A_log.stride(0) if A_log is not None else 0, dt_bias.stride(0) if dt_bias is not None else 0,
         slots.stride(0), *state.stride(), o.stride(0), state.shape[0], float(scale), float(lower_bound or 0.0),
         H=H, K=K, V=V, BK=BK, BV=BV, PACKED=packed, USE_LB=lower_bound is not None,
-        HAS_BIAS=dt_bias is not None, L2=l2, GROUP=H // HK, SCALAR_G=scalar_g, num_warps=4)
+        HAS_BIAS=dt_bias is not None, L2=l2, GROUP=H // HK, SCALAR_G=scalar_g, num_warps=4,
+        **pdl_args())
     return o
 
 

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ...platform import interpreting
+from ..common.pdl import gdc_wait, inputs_ready, pdl_args
 from ..common.split_kv import num_splits
 from . import paged
 
@@ -236,20 +237,6 @@ def _finish(o_ptr, lse_ptr, acc0, acc1, m_i, l_i, n, sp, splits, m, mmask, M, R,
 
 
 @triton.jit
-def _let_dependents_launch():
-    """PDL (sm_90+): the grid launched after this one as a programmatic dependent may start now.
-    Inline PTX rather than triton.language.extra.cuda, which older Triton builds (Intel's) lack."""
-    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
-@triton.jit
-def _wait_for_prerequisite_grid():
-    """PDL (sm_90+): wait until the grid this one depends on has finished and its writes are visible."""
-    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
                     s_qt, s_qh, s_cb, s_ct, s_bt, num_blocks, max_blocks, block_size, next_n, H, M,
                     qk_scale, splits,
@@ -263,10 +250,9 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
     AHEAD: the block-table entries of the next tile are loaded one iteration early, so no cache
     load waits on a load of its own iteration (Triton's pipeliner can then prefetch tiles).
     PDL: as in _partial_tma_kernel."""
-    if PDL:
-        _let_dependents_launch()
     n = tl.program_id(0)
     sp = tl.program_id(1)
+    inputs_ready(PDL)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
     m = tl.arange(0, MP)
     j = m // H
@@ -342,12 +328,11 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     table entry read one iteration earlier still): more of the cache in flight than the shared
     memory's stages hold; PF_TILE: one prefetch of the whole tile (its rows are contiguous) from
     one thread, instead of one per row.
-    PDL: the merge kernel (launched as a programmatic dependent) may start now; it waits for this
-    grid's completion before it reads anything."""
-    if PDL:
-        _let_dependents_launch()
+    PDL (ops/common/pdl.py): wait for the previous kernel's writes before reading anything, then let
+    the next PDL kernel (the merge) launch; it waits for this grid's completion before it reads."""
     n = tl.program_id(0)
     sp = tl.program_id(1)
+    inputs_ready(PDL)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
     m = tl.arange(0, MP)
     j = m // H
@@ -405,8 +390,7 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
     the splits, SB at a time (all of them in one step where SB covers them), rescaling the running
     sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read.
     PDL: launched as a programmatic dependent of the partial kernel: wait for its grid first."""
-    if PDL:
-        _wait_for_prerequisite_grid()
+    inputs_ready(PDL)
     n = tl.program_id(0)
     m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     mmask = m < M
@@ -547,7 +531,11 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
     dot_f32 = interpreting() or cache.dtype == torch.float32
     common = (q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), block_table.stride(0),
               nb, max_blocks, bs, next_n, H, M, scale * math.log2(math.e), splits)
-    pdl = dependent_merge(cfg, splits)
+    pdl = pdl_args()                      # every kernel a programmatic dependent where PDL is on
+    if dependent_merge(cfg, splits) and gdc_wait is not None:   # cfg's pdl: the merge one in any case
+        pdl_partial, pdl_merge = {**pdl, "PDL": True}, {"PDL": True, "launch_pdl": True}
+    else:
+        pdl_partial = pdl_merge = pdl
     why, bn = tma_route(cfg, cache, R) if cfg.get("keys") == "tma" else ("keys", 0)
     if why is None:
         RC = min(RP, 256)
@@ -556,18 +544,20 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
             q, cache, desc_c, desc_r, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RC=RC, NC=RP // RC, DRP=DRP, MP=MP, BLOCK_N=bn, DOT_F32=dot_f32,
             KV_MAJOR=cfg["kv_major"], PREFETCH=prefetch_tiles(cfg, cache),
-            PF_TILE=prefetch_whole_tile(cfg, cache), PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            PF_TILE=prefetch_whole_tile(cfg, cache), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **pdl_partial)
     else:
         cfg = pointer_choice(cfg)
         _partial_kernel[(N, splits)](
             q, cache, block_table, seq_lens, o_part, lse_part, *common,
             R=R, DR=Dr, RP=RP, DRP=DRP, MP=MP, BLOCK_N=cfg["block_n"], DOT_F32=dot_f32,
-            KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"], PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **pdl_partial)
     if splits > 1:
         rows, br = merge_grid(N, M, R, MP, RP, cfg)
         _merge_kernel[(N, triton.cdiv(M, rows), triton.cdiv(R, br))](
             o_part, lse_part, o, lse, M, splits, R=R, ROWS=rows, BR=br,
-            SB=merge_step(splits, rows, br, cfg), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+            SB=merge_step(splits, rows, br, cfg), num_warps=4, **pdl_merge)
     return (o, lse) if return_lse else o
 
 

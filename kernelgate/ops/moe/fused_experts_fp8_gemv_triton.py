@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
+from ..common.pdl import inputs_ready, pdl_args
 from ..quant.fp8_gemv_triton import hw_decode, row_step, row_sums, rows_of, tile
 from ..quant.fp8_weights import DEFAULT_BLOCK, block_dims
 from .fused_experts_gemv_triton import launch_config
@@ -46,11 +47,13 @@ FP8_ONE_TOKEN = {"cuda": dict(BLOCK_I=4, BLOCK_O=8, BLOCK_K=128, num_warps=4, X_
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, swr, swd,
                     sse, ssr, ssk, sit, sij, bn, bk: tl.constexpr, limit, out_mul,
                     HAS_LIMIT: tl.constexpr, HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr,
-                    BLOCK_I: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr):
+                    BLOCK_I: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr,
+                    PDL: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)                # [BLOCK_I]
     i_ok = i < I
+    inputs_ready(PDL)
     e = tl.load(ids_ptr + t.to(tl.int64) * sit + j * sij).to(tl.int64)
     valid = (e >= 0) & (e < E)
     s_e = s_ptr + tl.where(valid, e, 0) * sse                             # scales: read, unused, for bad ids
@@ -88,11 +91,12 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd
 def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, D, I, E, TOPK, swe, swr, swi, sse, ssr, ssk,
                  sit, sij, stt, stj, bn, bk: tl.constexpr, out_mul,
                  HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, BLOCK_O: tl.constexpr,
-                 NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr):
+                 NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr, PDL: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
     o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)                # [BLOCK_O] output columns
     o_ok = o < D
+    inputs_ready(PDL)
     e = tl.load(ids_ptr + t.to(tl.int64) * sit + j * sij).to(tl.int64)
     valid = (e >= 0) & (e < E)
     s_e = s_ptr + tl.where(valid, e, 0) * sse
@@ -139,10 +143,12 @@ def fused_experts_fp8_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_
         x, wgu, sgu, topk_ids, h, D, I, E, k, *x.stride(), *wgu.stride(), *sgu.stride(), *topk_ids.stride(),
         gbn, gbk, float(swiglu_limit) if swiglu_limit is not None else 0.0, 1.0,
         HAS_LIMIT=swiglu_limit is not None, HW=hw, ONE_KBLOCK=triton.cdiv(D, gbk) == 1,
-        UNIFORM=gbn % bi == 0 and I % bi == 0, BLOCK_I=bi, **tile(gbk, D, width), X_ROWS=xr, **warps)
+        UNIFORM=gbn % bi == 0 and I % bi == 0, BLOCK_I=bi, **tile(gbk, D, width), X_ROWS=xr, **warps,
+        **pdl_args())
     y = alloc.empty((P, D), torch.float32, x.device)
     _down_kernel[(P, triton.cdiv(D, bo))](
         h, wdn, sdn, topk_ids, topk_weights, y, D, I, E, k, *wdn.stride(), *sdn.stride(), *topk_ids.stride(),
         *topk_weights.stride(), dbn, dbk, 1.0, HW=hw, ONE_KBLOCK=triton.cdiv(I, dbk) == 1, UNIFORM=dbn % bo == 0,
-        BLOCK_O=bo, **tile(dbk, I, width), X_ROWS=xr, **warps)
+        BLOCK_O=bo, **tile(dbk, I, width), X_ROWS=xr, **warps,
+        **pdl_args())
     return sum_slots(y, topk_ids.contiguous(), out, E)    # the sum kernel reads ids densely

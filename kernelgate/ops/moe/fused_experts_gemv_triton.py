@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
+from ..common.pdl import inputs_ready, pdl_args
 from ..quant.fp8_gemv_triton import rows_of
 
 # Up to this many tokens the GEMV streams each hit expert's bytes faster than the grouped GEMM, whose
@@ -64,11 +65,13 @@ def launch_config(plat, tokens: int = 2) -> dict:
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, swr, swd, sit, sij, limit,
-                    HAS_LIMIT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, X_ROWS: tl.constexpr):
+                    HAS_LIMIT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, X_ROWS: tl.constexpr,
+                    PDL: tl.constexpr):
     p = tl.program_id(0)
     t, j = p // TOPK, p % TOPK
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)                # [BLOCK_I]
     i_ok = i < I
+    inputs_ready(PDL)
     e = tl.load(ids_ptr + t.to(tl.int64) * sit + j * sij).to(tl.int64)
     valid = (e >= 0) & (e < E)
     acc_g = tl.zeros([BLOCK_I, BLOCK_K], dtype=tl.float32)
@@ -97,11 +100,12 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, D, I, E, TOPK, sxt, sxd, swe, 
 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, D, I, E, TOPK, swe, swr, swi, sit, sij, stt, stj, sot,
-                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, X_ROWS: tl.constexpr):
+                 BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr, X_ROWS: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)                # [BLOCK_O] output columns
     o_ok = o < D
     acc = tl.zeros([BLOCK_O, BLOCK_K], dtype=tl.float32)
+    inputs_ready(PDL)
     for j in range(TOPK):   # the token's slots in a fixed order: deterministic
         e = tl.load(ids_ptr + t * sit + j * sij).to(tl.int64)
         if (e >= 0) & (e < E):
@@ -134,10 +138,12 @@ def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation=
     _gate_up_kernel[(P, triton.cdiv(I, cfg["BLOCK_I"]))](
         x, w_gate_up, topk_ids, h, D, I, E, k, *x.stride(), *w_gate_up.stride(), *topk_ids.stride(),
         float(swiglu_limit) if swiglu_limit is not None else 0.0,
-        HAS_LIMIT=swiglu_limit is not None, BLOCK_I=cfg["BLOCK_I"], BLOCK_K=cfg["BLOCK_K"], X_ROWS=xr, **warps)
+        HAS_LIMIT=swiglu_limit is not None, BLOCK_I=cfg["BLOCK_I"], BLOCK_K=cfg["BLOCK_K"], X_ROWS=xr, **warps,
+        **pdl_args())
     bo = cfg.get("DOWN_O", cfg["BLOCK_O"])
     _down_kernel[(T, triton.cdiv(D, bo))](
         h, w_down, topk_ids, topk_weights, out, D, I, E, k, *w_down.stride(), *topk_ids.stride(),
         *topk_weights.stride(), out.stride(0), BLOCK_O=bo, BLOCK_K=cfg.get("DOWN_K", cfg["BLOCK_K"]),
-        X_ROWS=bool(cfg.get("DOWN_X_ROWS", False)), num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]))
+        X_ROWS=bool(cfg.get("DOWN_X_ROWS", False)), num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]),
+        **pdl_args())
     return out

@@ -22,6 +22,7 @@ import triton.language as tl
 from ... import alloc
 from ... import platform
 from ...platform import interpreting
+from ..common.pdl import inputs_ready, pdl_args
 from .moe_align_triton import moe_align
 
 
@@ -155,11 +156,13 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, topk_w_ptr, sorted_ptr, block_expert_ptr, 
 
 
 @triton.jit
-def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK: tl.constexpr, BLOCK_D: tl.constexpr):
+def _sum_k_kernel(y_ptr, ids_ptr, out_ptr, D, E, sot, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
+                  PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs < D
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    inputs_ready(PDL)
     for j in tl.static_range(TOPK):   # fixed order over slots: deterministic; unrolled, so the k loads
         # are in flight together (a loop waits for each: ~5 µs for one token's 9 rows on the H200)
         e = tl.load(ids_ptr + t * TOPK + j) + tl.zeros([BLOCK_D], dtype=tl.int32)  # as a vector mask
@@ -203,7 +206,8 @@ def sum_slots(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, num_experts
     T, k = ids.shape
     D = out.shape[1]
     block_d = min(1024, triton.next_power_of_2(D))
-    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, num_experts, out.stride(0), k, BLOCK_D=block_d)
+    _sum_k_kernel[(T, triton.cdiv(D, block_d))](y, ids, out, D, num_experts, out.stride(0), k, BLOCK_D=block_d,
+                                               **pdl_args())
     return out
 
 

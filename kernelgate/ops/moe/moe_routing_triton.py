@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc, platform
+from ..common.pdl import inputs_ready, pdl_args
 from ..common.triton_math import log1p
 
 SCORINGS = ("sigmoid", "softmax", "sqrtsoftplus")   # the op's scoring names, by kernel code 0, 1, 2
@@ -28,7 +29,7 @@ def _biased_grouped_topk_kernel(
     TOPK: tl.constexpr, SHARED: tl.constexpr, SHARED_GATE: tl.constexpr, SCORING: tl.constexpr,
     RENORM: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, NG_PAD: tl.constexpr, GS_PAD: tl.constexpr,
-    K_PAD: tl.constexpr,
+    K_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)                       # [BT]
@@ -39,6 +40,7 @@ def _biased_grouped_topk_kernel(
     e_ok = (g[:, None] < N_GROUP) & (j[None, :] < GROUP)
     valid = row_ok[:, None, None] & e_ok[None, :, :]                   # [BT, NG, GS]
 
+    inputs_ready(PDL)
     x = tl.load(logits_ptr + rows[:, None, None].to(tl.int64) * stride_t + eid[None, :, :],
                 mask=valid, other=0.0).to(tl.float32)
     if SCORING == 0:      # sigmoid
@@ -150,7 +152,7 @@ def launch(logits, bias, topk, n_group, topk_group, renormalize, routed_scaling_
         SCORING=SCORINGS.index(scoring), RENORM=bool(renormalize),
         HAS_BIAS=bias is not None, BLOCK_T=block_t, NG_PAD=triton.next_power_of_2(n_group),
         GS_PAD=triton.next_power_of_2(G), K_PAD=max(2, triton.next_power_of_2(w.shape[1])),
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl_args(),
     )
 
 

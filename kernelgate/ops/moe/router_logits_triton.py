@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ... import platform
+from ..common.pdl import inputs_ready, pdl_args
 
 # Up to 64 tokens (H200, `kernelgate bench router_logits`, CUDA graphs, Session 25): 2.2 / 3.3 / 3.8 / 4.7
 # / 11.2 µs at 1 / 4 / 8 / 16 / 64 tokens (Qwen3.5-MoE's router) against 5.6 / 12.5 / 13.5 / 13.8 / 14.5
@@ -50,13 +51,14 @@ def launch_config(tokens: int) -> dict:
 
 @triton.jit
 def _router_kernel(x_ptr, w_ptr, y_ptr, T, E, D, sxt, sxd, swe, swd, syt,
-                   T_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                   T_PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t = tl.program_id(1) * T_PAD + tl.arange(0, T_PAD)
     e_ok, t_ok = e < E, t < T
     w_rows = w_ptr + e[:, None].to(tl.int64) * swe
     x_rows = x_ptr + t[:, None].to(tl.int64) * sxt
     acc = tl.zeros([T_PAD, BLOCK_E, BLOCK_D], dtype=tl.float32)
+    inputs_ready(PDL)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         d_ok = d < D
@@ -81,7 +83,7 @@ def router_logits_triton(x, weight):
     _router_kernel[(triton.cdiv(E, cfg["BLOCK_E"]), triton.cdiv(T, tb))](
         x, weight, y, T, E, D, *x.stride(), *weight.stride(), y.stride(0),
         T_PAD=tb, BLOCK_E=cfg["BLOCK_E"], BLOCK_D=min(cfg["BLOCK_D"], max(16, triton.next_power_of_2(D))),
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **pdl_args())
     return y
 
 

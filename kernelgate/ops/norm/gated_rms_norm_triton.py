@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ... import alloc
+from ..common.pdl import inputs_ready, pdl_args
 
 MAX_BLOCK_N = 8192         # widest segment kept in registers (16 warps: 16 fp32 per thread per tensor)
 LOOP_BLOCK_N = 4096        # chunk width of the two-pass kernel
@@ -43,7 +44,8 @@ def _block_kernel(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, y_ptr, ro_ptr,
                   n_seg, sx, sr, sg, eps,
                   G: tl.constexpr, NG: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  STORE_RES: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr):
+                  STORE_RES: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr,
+                  PDL: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     seg = pid * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     cols = tl.arange(0, BLOCK_N)                          # [BLOCK_N]
@@ -57,6 +59,7 @@ def _block_kernel(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, y_ptr, ro_ptr,
     # Outputs are contiguous [rows, D] = [rows, NG * G].
     o = row[:, None] * (NG * G) + c
 
+    inputs_ready(PDL)
     x = tl.load(x_ptr + row[:, None] * sx + c, mask=m, other=0.0).to(tl.float32)
     if HAS_RES:
         x += tl.load(r_ptr + row[:, None] * sr + c, mask=m, other=0.0).to(tl.float32)
@@ -82,12 +85,14 @@ def _loop_kernel(x_ptr, r_ptr, g_ptr, w_ptr, b_ptr, y_ptr, ro_ptr,
                  sx, sr, sg, eps,
                  G: tl.constexpr, NG: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 STORE_RES: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr):
+                 STORE_RES: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr,
+                 PDL: tl.constexpr):
     seg = tl.program_id(0).to(tl.int64)
     row = seg // NG
     col0 = (seg % NG) * G
     cols = tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    inputs_ready(PDL)
     for start in range(0, G, BLOCK_N):                    # pass 1: sum of squares
         c = start + cols
         m = c < G
@@ -166,8 +171,8 @@ def gated_rms_norm_triton(x, weight, gate=None, eps=1e-6, group_size=None, norm_
     if cfg["kernel"] == "block":
         grid = (triton.cdiv(n_seg, cfg["BLOCK_S"]),)
         _block_kernel[grid](*args, n_seg, *strides, eps, G=G, NG=D // G, BLOCK_S=cfg["BLOCK_S"],
-                            BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], **flags)
+                            BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], **flags, **pdl_args())
     else:
         _loop_kernel[(n_seg,)](*args, *strides, eps, G=G, NG=D // G, BLOCK_N=cfg["BLOCK_N"],
-                               num_warps=cfg["num_warps"], **flags)
+                               num_warps=cfg["num_warps"], **flags, **pdl_args())
     return (y, ro) if prenorm else y

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.pdl import inputs_ready, pdl_args
 from .fp8_triton import mode_for
 from .fp8_weights import block_dims
 
@@ -115,7 +116,7 @@ def row_sums(acc, s_rows, r_ok, out_mul, ONE_KBLOCK: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk, sym, syn, bn, bk: tl.constexpr,
                  HW: tl.constexpr, ONE_KBLOCK: tl.constexpr, UNIFORM: tl.constexpr, ROWS: tl.constexpr,
-                 NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr):
+                 NB: tl.constexpr, BK: tl.constexpr, X_ROWS: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0)
     n0 = tl.program_id(1) * ROWS
     n = n0 + tl.arange(0, ROWS)
@@ -126,6 +127,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, sxm, sxk, swn, swk, ssn, ssk,
     x_row = x_ptr + t.to(tl.int64) * sxm
     sub = tl.arange(0, NB)[:, None] * BK + tl.arange(0, BK)[None, :]      # [NB, BK] offsets in a step
     acc = tl.zeros([ROWS, NB, BK], dtype=tl.float32)
+    inputs_ready(PDL)
     for k0 in range(0, K, NB * BK):
         kk = k0 + sub
         if X_ROWS:
@@ -152,5 +154,5 @@ def fp8_gemv(x, weight, weight_scale, block_size, y, cfg: dict, hw: bool):
         x, w, weight_scale, y, N, K, *x.stride(), *w.stride(), *weight_scale.stride(), *y.stride(), bn, bk,
         HW=hw, ONE_KBLOCK=triton.cdiv(K, bk) == 1, UNIFORM=bn % rows == 0, ROWS=rows, **tile(bk, K, cfg["WIDTH"]),
         X_ROWS=bool(cfg.get("X_ROWS", False)),
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **pdl_args())
     return y
