@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops
 from ..errors import KernelgateError
 
 
@@ -176,11 +177,23 @@ def materialize(model: nn.Module, dtype, device, fp32: tuple = ()) -> nn.Module:
     return model
 
 
+class Linear(nn.Linear):
+    """A bias-free projection in the model dtype through the registry's `linear` (at one token a
+    GEMV that joins the decode step's chain of kernels; PyTorch's GEMM otherwise)."""
+
+    def __init__(self, in_f: int, out_f: int):
+        super().__init__(in_f, out_f, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = ops.linear(x.reshape(-1, self.in_features), self.weight)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
 def column(in_f: int, out_f: int, par: Parallel, what: str, segments=1, quantize: bool = True) -> nn.Linear:
     """Linear whose output features (`segments` fused parts: a count, or their full sizes) are
     split over the ranks.
     quantize=False: kept in the model dtype in an FP8 model (a weight read as a tensor, not called)."""
-    lin = nn.Linear(in_f, par.split(out_f, what), bias=False)
+    lin = Linear(in_f, par.split(out_f, what))
     mark(lin, "weight", 0, segments)
     if not quantize:
         lin._no_fp8 = True
@@ -189,7 +202,7 @@ def column(in_f: int, out_f: int, par: Parallel, what: str, segments=1, quantize
 
 def row(in_f: int, out_f: int, par: Parallel, what: str, quantize: bool = True) -> nn.Linear:
     """Linear whose input features are split: each rank's output is a partial sum."""
-    lin = nn.Linear(par.split(in_f, what), out_f, bias=False)
+    lin = Linear(par.split(in_f, what), out_f)
     mark(lin, "weight", 1)
     if not quantize:
         lin._no_fp8 = True

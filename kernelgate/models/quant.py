@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
@@ -94,7 +93,7 @@ def linear(x: torch.Tensor, module: nn.Module, name: str) -> torch.Tensor:
     through ops.fp8_linear with the fused scales."""
     w = getattr(module, name)
     if w.dtype != FP8:
-        return F.linear(x, w)
+        return ops.linear(x, w)
     first = getattr(module, module._fused[name][0])
     return ops.fp8_linear(x, w, getattr(module, name + "_scale"), first.block_size)
 
