@@ -182,6 +182,7 @@ def test_bench_that_runs_nothing_keeps_the_saved_results(clean_env, capsys, monk
 BAD_ENV = {"KERNELGATE_CHECKS": ("banana", "KERNELGATE_CHECKS='banana': expected 0 or 1"),
            "KERNELGATE_TRACE": ("maybe", "KERNELGATE_TRACE='maybe': expected 0 or 1"),
            "KERNELGATE_GRAPHS": ("2", "KERNELGATE_GRAPHS='2': must be 0 (eager decode) or 1"),
+           "KERNELGATE_PDL": ("often", "KERNELGATE_PDL='often': expected 0 or 1"),
            "KERNELGATE_DIST_TIMEOUT": ("-1", "KERNELGATE_DIST_TIMEOUT='-1': must be seconds > 0"),
            "KERNELGATE_DEBUG": ("yes please", "KERNELGATE_DEBUG='yes please': expected 0 or 1"),
            "KERNELGATE_PLATFORM": ("tpu", "KERNELGATE_PLATFORM='tpu' is not one of"),

@@ -10,11 +10,14 @@ The contract of a kernel written for it (`PDL: tl.constexpr` among its parameter
     writes anything (an earlier kernel may still be reading the buffer); before the call it may
     read only what no kernel of the step writes (weights, parameters: a first weight tile
     loaded there overlaps the predecessor's tail);
-  - `inputs_ready` first lets the next PDL kernel launch (once every program of this one has
-    started), then waits: the next kernel's programs start while this one runs and wait in turn.
-    Every PDL kernel waits for its predecessor's completion, which came after that one's own wait,
-    so each kernel still runs after the whole chain before it; the oldest unfinished kernel has
-    every program started and nothing to wait for, so the chain always drains.
+  - `inputs_ready` waits, then lets the next PDL kernel launch (once every program of this one
+    has passed the wait): its programs start while this one runs and wait in turn. Every PDL
+    kernel waits for its predecessor's completion, which came after that one's own wait, so each
+    kernel still runs after the whole chain before it.
+    (Triggering before the wait is also correct by PTX's griddepcontrol semantics -- the wait is
+    for the predecessor's completion whenever the trigger came -- and measured 374.3 against 368.9
+    tok/s for Qwen3.5-MoE at batch 1, within about the run-to-run spread; its bitwise check on the
+    GPU has not run yet, so the checked order stays.)
   - it launches with `**pdl_args()`: {"PDL": True, "launch_pdl": True} on compiled CUDA of
     capability 9.0 or more with KERNELGATE_PDL on, else {"PDL": False} -- the call compiles away
     (AMD, Intel, sm_80, the interpreter) and the launch is an ordinary one.
@@ -22,8 +25,8 @@ Kernels without it (torch's, cuBLAS, other Triton kernels) launch as usual and w
 predecessor, PDL or not. Captured device graphs keep the programmatic edges.
 Measured (H200, bench/RESULTS.md Session 27): a GEMV / RMSNorm chain in a CUDA graph
 (bench/ops/variants/pdl_chain.py) 2.72 -> 2.32 µs a kernel with 8 MB GEMVs, 3.85 -> 3.02 with 16 MB;
-Qwen3.5-MoE decode at batch 1, 40 layers, 368.9 tok/s with the trigger after the wait, 374.3 before
-it; logits bitwise equal with PDL on and off (bench/probes/pdl_bitwise.py).
+Qwen3.5-MoE decode at batch 1, 40 layers, 342.5 -> 370.5 tok/s with the linear GEMV; logits bitwise
+equal with PDL on and off (bench/probes/pdl_bitwise.py: Qwen3.5-MoE, Kimi, Kimi FP8; batch 1 and 5).
 """
 from __future__ import annotations
 
@@ -42,10 +45,10 @@ except ImportError:      # a Triton without NVIDIA's extras: PDL is never on the
 
 @triton.jit
 def inputs_ready(PDL: tl.constexpr):
-    """Let the next PDL kernel launch, then wait for the previous kernel (its writes visible)."""
+    """Wait for the previous kernel (its writes visible), then let the next PDL kernel launch."""
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
 
 
 def pdl_args() -> dict:
