@@ -28,7 +28,7 @@ def launch(qkv, f, b, A_log, dt_bias, state, slots, H, K, BV, warps):
         q, k, v, g, b, A_log, dt_bias, state, slots, o, *q.stride(), *k.stride(), *v.stride(), *g.stride(),
         *b.stride(), A_log.stride(0), dt_bias.stride(0), slots.stride(0), *state.stride(), o.stride(0),
         state.shape[0], K ** -0.5, 0.0, H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
-        PACKED=True, USE_LB=False, HAS_BIAS=True, L2=True, num_warps=warps)
+        PACKED=True, USE_LB=False, HAS_BIAS=True, L2=True, GROUP=1, SCALAR_G=False, PDL=False, num_warps=warps)
     return o
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 
 import torch
 
-from kernelgate import forcing, registry
+from kernelgate import forcing, platform, registry
 from kernelgate.tools.benchmark import copy_bandwidth, graph_us, time_ms
 from kernelgate.tools.testing import rel_err
 
@@ -186,10 +187,15 @@ def sweep(dev):
                       f"{T.merge_grid(B, H, R, H, R, c)}: {us:.1f} µs")
         # where the time goes: each kernel's device time (the merge launched after the partials: as a
         # dependent it would count the time it waits for them)
+        # (KERNELGATE_PDL=0 too: with it on, every decode kernel launches as a dependent: ops/common/pdl.py)
+        os.environ["KERNELGATE_PDL"] = "0"
+        platform.refresh()
         for name, c in [("default", base)] + [("best", rows[0][1])] * bool(rows):
             parts = kernel_us(lambda: T.launch(q, cache, table, seq, SCALE, R, cfg=dict(c, pdl=False)), dev)  # noqa: B023
             print(f"  kernels ({name}, merge not dependent): " +
                   ", ".join(f"{k.split('(')[0][:28]} {v:.1f} µs" for k, v in parts.items()))
+        os.environ.pop("KERNELGATE_PDL")
+        platform.refresh()
         del q, cache, table, seq
         torch.cuda.empty_cache()
 
