@@ -43,26 +43,26 @@ def pdl(on: bool):
     platform.refresh()
 
 
-def one_step(model, batch, prompt=40):
-    """(graph logits, eager logits) of one decode step after a prefill, from a fresh engine."""
+def prefilled(model, batch, prompt):
+    """A fresh engine that has prefilled `batch` seeded prompts (one step)."""
     eng = kimi_e2e._engine(model, batch, prompt + 8, async_scheduling=False)
     g = torch.Generator().manual_seed(2)
     for i in range(batch):
         eng.add_request(str(i), torch.randint(0, 1000, (prompt - i,), generator=g).tolist(),
                         SamplingParams(max_new_tokens=4))
     eng.step()
+    return eng
+
+
+def one_step(model, batch, prompt=40):
+    """(graph logits, eager logits) of one decode step after a prefill, each from its own engine."""
+    eng = prefilled(model, batch, prompt)
     reqs = eng.scheduler.running
     tokens, slots = [r.output[-1] for r in reqs], [r.slot for r in reqs]
     starts, tables = [r.num_computed for r in reqs], [list(r.blocks) for r in reqs]
     graph = eng.runner.graphs.run(tokens, slots, starts, tables).float().clone()
-    # the graph step wrote its states: rebuild the same state for the eager step
-    eng.close()
-    eng = kimi_e2e._engine(model, batch, prompt + 8, async_scheduling=False)
-    g = torch.Generator().manual_seed(2)
-    for i in range(batch):
-        eng.add_request(str(i), torch.randint(0, 1000, (prompt - i,), generator=g).tolist(),
-                        SamplingParams(max_new_tokens=4))
-    eng.step()
+    eng.close()                  # (the graph step wrote its states: the eager step gets the same state anew)
+    eng = prefilled(model, batch, prompt)
     eager = model.step(torch.tensor(tokens, device=model.device),
                        StepBatch.build([1] * batch, slots, starts, model.device, tables, 64), eng.runner.cache).float()
     eng.close()

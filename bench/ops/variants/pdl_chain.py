@@ -25,6 +25,16 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
+def _ready(PDL: tl.constexpr, TRIGGER: tl.constexpr, EARLY: tl.constexpr):
+    if PDL:
+        if EARLY:
+            gdc_launch_dependents()
+        gdc_wait()
+        if TRIGGER and not EARLY:
+            gdc_launch_dependents()
+
+
+@triton.jit
 def _gemv(x_ptr, w_ptr, y_ptr, K, ROWS: tl.constexpr, BK: tl.constexpr,
           PDL: tl.constexpr, TRIGGER: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr):
     pid = tl.program_id(0)
@@ -32,12 +42,7 @@ def _gemv(x_ptr, w_ptr, y_ptr, K, ROWS: tl.constexpr, BK: tl.constexpr,
     cols = tl.arange(0, BK)
     if PREFETCH:
         w = tl.load(w_ptr + rows[:, None] * K + cols[None, :])
-    if PDL:
-        if EARLY:
-            gdc_launch_dependents()
-        gdc_wait()
-        if TRIGGER and not EARLY:
-            gdc_launch_dependents()
+    _ready(PDL, TRIGGER, EARLY)
     if not PREFETCH:
         w = tl.load(w_ptr + rows[:, None] * K + cols[None, :])
     acc = w.to(tl.float32) * tl.load(x_ptr + cols).to(tl.float32)[None, :]
@@ -53,12 +58,7 @@ def _norm(y_ptr, w_ptr, x_ptr, N: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.c
           EARLY: tl.constexpr):
     o = tl.arange(0, N)
     w = tl.load(w_ptr + o).to(tl.float32)          # a parameter: independent of the previous kernel
-    if PDL:
-        if EARLY:
-            gdc_launch_dependents()
-        gdc_wait()
-        if TRIGGER and not EARLY:
-            gdc_launch_dependents()
+    _ready(PDL, TRIGGER, EARLY)
     y = tl.load(y_ptr + o).to(tl.float32)
     r = tl.rsqrt(tl.sum(y * y, 0) / N + 1e-6)
     tl.store(x_ptr + o, (y * r * w).to(x_ptr.dtype.element_ty))
