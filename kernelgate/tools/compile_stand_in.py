@@ -199,6 +199,23 @@ def _binary(t: Target, kernel) -> tuple[str, bytes]:
     return "", b""
 
 
+_GLOBAL_WRITE = re.compile(r"^\s*(@!?%p\w+\s+)?(st\.global|red\.global|atom\.global|cp\.async\.bulk\.global)", re.M)
+
+
+def pdl_problem(ptx: str, launch_pdl: bool) -> str:
+    """'' or what breaks ops/common/pdl.py's contract in a kernel launched as a programmatic dependent:
+    it must wait (griddepcontrol.wait) and write no global memory before the wait -- an earlier
+    kernel may still read it (loads before the wait can be weights: not checked here)."""
+    if not launch_pdl:
+        return ""
+    at = ptx.find("griddepcontrol.wait")
+    if at < 0:
+        return "launched as a programmatic dependent (launch_pdl) without griddepcontrol.wait"
+    if _GLOBAL_WRITE.search(ptx[:at]):
+        return "writes global memory before griddepcontrol.wait (launch_pdl)"
+    return ""
+
+
 def inspect_kernel(t: Target, kernel) -> tuple[str, int, str, str]:
     """(binary kind and size, shared bytes, dot summary, problem or '') of one compiled kernel."""
     kind, b = _binary(t, kernel)
@@ -206,6 +223,9 @@ def inspect_kernel(t: Target, kernel) -> tuple[str, int, str, str]:
     problems = [] if b else [f"no {t.backend} binary produced"]
     if shared > t.shared:
         problems.append(f"needs {shared} bytes of shared memory, the device has {t.shared}")
+    pdl = pdl_problem(kernel.asm.get("ptx", ""), bool(getattr(kernel.metadata, "launch_pdl", False)))
+    if pdl:
+        problems.append(pdl)
     dots = sorted(set(_DOT.findall(kernel.asm.get("ttir", ""))))
     dot = ""
     if dots:

@@ -138,3 +138,32 @@ def test_skip_fp32_leaves_out_fp32_only_beside_16_bit_programs(monkeypatch, dtyp
     report([row], out=out)     # what was left out is in the text report too, per row and in the summary
     assert (f"(1 cases not lowered: {SKIP_FP32})" in out.getvalue()) == bool(left_out)
     assert (f"0 failed; 1 cases not lowered: {SKIP_FP32}\n" in out.getvalue()) == bool(left_out)
+
+
+_PTX = """
+.visible .entry k(
+{{
+\tmov.u32 \t%r1, %ctaid.x;
+\tld.global.b16 \t%rs1, [%rd1];
+{before}\tgriddepcontrol.wait;
+\tgriddepcontrol.launch_dependents;
+\tld.global.b16 \t%rs2, [%rd2];
+\t@%p1 st.global.b16 \t[%rd3], %rs2;
+\tret;
+}}
+"""
+
+
+@pytest.mark.parametrize("before,launch_pdl,problem", [
+    ("", True, ""),                                                            # loads (weights) may come first
+    ("", False, ""),
+    ("\t@%p2 st.global.b16 \t[%rd3], %rs1;\n", True, "writes global memory before griddepcontrol.wait"),
+    ("\tatom.global.add.u32 \t%r2, [%rd4], 1;\n", True, "writes global memory before griddepcontrol.wait"),
+    ("\tst.global.b16 \t[%rd3], %rs1;\n", False, ""),                         # an ordinary launch: no contract
+])
+def test_pdl_contract_in_the_ptx(before, launch_pdl, problem):
+    """A kernel launched as a programmatic dependent writes nothing before griddepcontrol.wait, and waits."""
+    from kernelgate.tools.compile_stand_in import pdl_problem
+    got = pdl_problem(_PTX.format(before=before), launch_pdl)
+    assert (problem in got) if problem else got == "", got
+    assert "without griddepcontrol.wait" in pdl_problem("\tld.global.b16 \t%rs2, [%rd2];\n\tret;", True)
