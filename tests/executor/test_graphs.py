@@ -79,9 +79,15 @@ def test_graph_decode_equals_eager(model, fake_graphs):
     assert runner.cache.num_slots == len(prompts) + 1 and runner.cache.num_blocks == runner.capacity.num_blocks + 1
 
 
-def test_padded_bucketed_step_matches_exact_step(model):
+@pytest.mark.parametrize("family", ["kimi", "qwen"])
+def test_padded_bucketed_step_matches_exact_step(model, family):
     """The invariants graphs rely on: padding rows in a scratch slot / block and a wider block
-    table change nothing for the real rows (logits equal to fp32 rounding)."""
+    table change nothing for the real rows (logits equal to fp32 rounding). Both families: KDA +
+    MLA latents, and Gated DeltaNet + paged K / V attention."""
+    if family == "qwen":
+        from kernelgate.models import qwen3_next
+        from kernelgate.models.qwen3_next_config import tiny as qwen_tiny
+        model = qwen3_next.build(qwen_tiny(vocab_size=128), seed=11)
     bs = 8
     cache = model.new_cache(4, 12, bs)
     slots, scratch = [0, 1, 2], (3, 11)
@@ -89,7 +95,7 @@ def test_padded_bucketed_step_matches_exact_step(model):
     tables = [[5, 2, 7], [0, 9, 1], [3, 4, 6]]           # shuffled blocks, 24 positions each
     pre = StepBatch.build([len(p) for p in prompts], slots, [0] * 3, "cpu", tables, bs)
     model.step(torch.tensor([t for p in prompts for t in p]), pre, cache)
-    state = [*cache.mla_cache.values(), *cache.kda_state.values(), *cache.conv_state.values()]
+    state = cache.slot_tensors + cache.block_tensors        # recurrent / conv states, latents or K / V
     snap = [t.clone() for t in state]
     starts = [len(p) for p in prompts]
     exact = model.step(torch.tensor([5, 6, 7]), StepBatch.build([1] * 3, slots, starts, "cpu", tables, bs), cache)
