@@ -2,8 +2,27 @@
 `paged_attention_decode`): programs of (row, split) each stream one split of a sequence's
 keys, and a merge kernel combines the splits by log-sum-exp. A row is a sequence (MLA) or a
 (sequence, KV head) pair (grouped-query attention); each sequence is cut by its own length, so
-a short one's extra splits are empty or a tile, and the merge skips the empty ones."""
+a short one's extra splits are empty or a tile: they return without writing, and the merge
+reads only the splits before them (live_splits)."""
 from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_len(L, cap, splits, BLOCK_N: tl.constexpr):
+    """-> (L cut to [0, cap], tiles of BLOCK_N positions per split): a split sp of the sequence
+    holds positions [sp * per * BLOCK_N, (sp + 1) * per * BLOCK_N) of its L."""
+    L = tl.minimum(tl.maximum(L, 0), cap)                          # never past the table row
+    return L, tl.cdiv(tl.cdiv(L, BLOCK_N), splits)
+
+
+@triton.jit
+def live_splits(L, cap, splits, BLOCK_N: tl.constexpr):
+    """How many of the sequence's splits hold positions: a prefix [0, live) of them (0 when L is 0)."""
+    L, per = split_len(L, cap, splits, BLOCK_N)
+    return tl.cdiv(tl.cdiv(L, BLOCK_N), tl.maximum(per, 1))
 
 
 def num_splits(rows: int, max_blocks: int, block_size: int, cfg: dict, split_bytes: int = 0) -> int:

@@ -21,8 +21,10 @@ tiles each), so a wide block table (the engine's max context) does not pile a sh
 sequence's work onto one program. The split count comes from shapes only (sequences, table
 width; never the lengths: no host sync, one graph fits every length). With one split the
 program writes o and lse; otherwise fp32 partials (o normalised per split, lse) go to a
-scratch buffer and `_merge_kernel` combines them by their lse (an empty split writes lse =
--inf only and is skipped). On sm_90+ the merge may be launched as a programmatic dependent
+scratch buffer and `_merge_kernel` combines them by their lse. The splits past a sequence's
+length return at once and the merge reads only the ones before (split_kv.live_splits): a short
+context under a table sized for 32k costs a few programs, not a hundred empty partials merged.
+A split whose positions all missed the cache writes lse = -inf and weighs 0. On sm_90+ the merge may be launched as a programmatic dependent
 (PDL): it starts while the partials finish and waits for their grid (griddepcontrol.wait) before
 it reads them.
 
@@ -44,7 +46,7 @@ import triton.language as tl
 from ... import alloc, platform
 from ...platform import interpreting
 from ..common.pdl import gdc_wait, inputs_ready, pdl_args
-from ..common.split_kv import num_splits
+from ..common.split_kv import live_splits, num_splits, split_len
 from . import paged
 
 OP = "mla_decode"
@@ -213,9 +215,7 @@ def _store_o(o_ptr, row, acc, l_use, mmask, c0, R, CP: tl.constexpr, KV_MAJOR: t
 @triton.jit
 def _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N: tl.constexpr):
     """-> (L, start, end): the sequence's length (cut to the table) and this split's positions."""
-    L = tl.load(len_ptr + n)
-    L = tl.minimum(tl.maximum(L, 0), max_blocks * block_size)   # never past the table row
-    per = tl.cdiv(tl.cdiv(L, BLOCK_N), splits)
+    L, per = split_len(tl.load(len_ptr + n), max_blocks * block_size, splits, BLOCK_N)
     start = sp * per * BLOCK_N
     return L, start, tl.minimum(start + per * BLOCK_N, L)
 
@@ -254,6 +254,8 @@ def _partial_kernel(q_ptr, kv_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
     sp = tl.program_id(1)
     inputs_ready(PDL)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
+    if (start >= end) & (splits > 1):   # past the sequence: nothing to write, the merge stops before it
+        return
     m = tl.arange(0, MP)
     j = m // H
     mmask = m < M
@@ -334,6 +336,8 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
     sp = tl.program_id(1)
     inputs_ready(PDL)
     L, start, end = _split_range(len_ptr, n, sp, splits, max_blocks, block_size, BLOCK_N)
+    if (start >= end) & (splits > 1):   # past the sequence: nothing to write, the merge stops before it
+        return
     m = tl.arange(0, MP)
     j = m // H
     mmask = m < M
@@ -384,11 +388,13 @@ def _partial_tma_kernel(q_ptr, kv_ptr, desc_c, desc_r, bt_ptr, len_ptr, o_ptr, l
 
 
 @triton.jit
-def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
-                  R: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr):
+def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, len_ptr, cap, M, splits,
+                  R: tl.constexpr, ROWS: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PDL: tl.constexpr):
     """Program (sequence n, block of ROWS query rows, block of BR latent columns): one pass over
-    the splits, SB at a time (all of them in one step where SB covers them), rescaling the running
-    sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read.
+    the sequence's live splits (split_kv.live_splits: the partial programs past its length wrote
+    nothing), SB at a time (all of them in one step where SB covers them), rescaling the running
+    sum to the largest lse seen so far; a split that saw no position (lse -inf) weighs 0 and is not read.
     PDL: launched as a programmatic dependent of the partial kernel: wait for its grid first."""
     inputs_ready(PDL)
     n = tl.program_id(0)
@@ -400,10 +406,11 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, lse_ptr, M, splits,
     mx = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     den = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BR], dtype=tl.float32)
-    for s0 in range(0, splits, SB):
+    live_n = live_splits(tl.load(len_ptr + n), cap, splits, BLOCK_N)
+    for s0 in range(0, live_n, SB):
         ss = s0 + tl.arange(0, SB)
         prow = first[None, :] + ss[:, None] * M                  # [SB, ROWS]
-        ls = tl.load(lsep_ptr + prow, mask=(ss < splits)[:, None] & mmask[None, :], other=float("-inf"))
+        ls = tl.load(lsep_ptr + prow, mask=(ss < live_n)[:, None] & mmask[None, :], other=float("-inf"))
         live = (ls > float("-inf"))[:, :, None] & rmask[None, None, :]
         o = tl.load(op_ptr + prow[:, :, None] * R + r[None, None, :], mask=live, other=0.0)   # [SB, ROWS, BR]
         mx_new = tl.maximum(mx, tl.max(ls, 0))
@@ -524,8 +531,8 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
     if splits == 1:
         o_part, lse_part = o, lse
     else:
-        o_part = torch.empty((N, splits, M, R), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((N, splits, M), dtype=torch.float32, device=q.device)
+        o_part = alloc.empty((N, splits, M, R), torch.float32, q.device)
+        lse_part = alloc.empty((N, splits, M), torch.float32, q.device)
     RP, MP = max(16, triton.next_power_of_2(R)), max(16, triton.next_power_of_2(M))
     DRP = max(16, triton.next_power_of_2(max(Dr, 1)))
     dot_f32 = interpreting() or cache.dtype == torch.float32
@@ -548,16 +555,17 @@ def launch(q, cache, block_table, seq_lens, scale, kv_lora_rank, next_n=1, retur
             **pdl_partial)
     else:
         cfg = pointer_choice(cfg)
+        bn = cfg["block_n"]
         _partial_kernel[(N, splits)](
             q, cache, block_table, seq_lens, o_part, lse_part, *common,
-            R=R, DR=Dr, RP=RP, DRP=DRP, MP=MP, BLOCK_N=cfg["block_n"], DOT_F32=dot_f32,
+            R=R, DR=Dr, RP=RP, DRP=DRP, MP=MP, BLOCK_N=bn, DOT_F32=dot_f32,
             KV_MAJOR=cfg["kv_major"], AHEAD=cfg["ahead"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **pdl_partial)
     if splits > 1:
         rows, br = merge_grid(N, M, R, MP, RP, cfg)
         _merge_kernel[(N, triton.cdiv(M, rows), triton.cdiv(R, br))](
-            o_part, lse_part, o, lse, M, splits, R=R, ROWS=rows, BR=br,
-            SB=merge_step(splits, rows, br, cfg), num_warps=4, **pdl_merge)
+            o_part, lse_part, o, lse, seq_lens, max_blocks * bs, M, splits, R=R, ROWS=rows, BR=br,
+            SB=merge_step(splits, rows, br, cfg), BLOCK_N=bn, num_warps=4, **pdl_merge)
     return (o, lse) if return_lse else o
 
 
