@@ -52,7 +52,10 @@ LAUNCH = {
 # the gate_up grid is 1,152 programs rather than 288 (about two per SM, a ragged last wave);
 # from a few tokens on, LAUNCH's grid is wide enough. Tuned on NVIDIA only: elsewhere LAUNCH.
 # 128-wide K steps since Session 26 (H200, whole op, two runs each): Kimi 41.0 -> 38.5 µs, Qwen 22.0 -> 19.9.
-ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=128, num_warps=8, **_DOWN_CUDA)}
+# The down GEMV at one token on 8 warps since Session 28 (its 2-row programs walk the 9 slots one after
+# another: twice the threads keep twice the loads in flight; whole op, same call, PDL on): Qwen 24.1 ->
+# 21.9 µs, Kimi 42.4 -> 40.4 (bench/ops/fused_experts_gemv_sweep.py --shared [--qwen] --down).
+ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=128, num_warps=8, **{**_DOWN_CUDA, "DOWN_WARPS": 8})}
 
 
 def launch_config(plat, tokens: int = 2) -> dict:
