@@ -1,12 +1,15 @@
 """Grouped-query attention decode over the paged K/V cache (layout: `paged.py`).
 
-    paged_attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale)
+    paged_attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale, gate=None)
         q            [N, Hq, D]   one query token per sequence (Hq a multiple of Hkv)
         k_cache      [num_blocks, block_size, Hkv, D]
         v_cache      [num_blocks, block_size, Hkv, D]   same shape and dtype as k_cache
         block_table  [N, max_blocks] int32
         seq_lens     [N] int32    cached length INCLUDING the new token (already written)
         scale        float        softmax scale (Qwen3-Next: head_dim ** -0.5)
+        gate         [N, Hq, D] in q's dtype, or None: the layer's output gate (Qwen3-Next /
+                     Qwen3.5: the gate half of the q projection, a strided view is fine);
+                     o = attention * sigmoid(gate), in fp32 before o's one rounding
         -> o [N, Hq, D] in q's dtype
 
 Sequence i's query head h attends to positions 0 .. seq_lens[i] - 1 of KV head h // (Hq // Hkv);
@@ -33,8 +36,8 @@ OP = "paged_attention_decode"
 TRITON_MAX_ROWS_X_DIM = 64 * 256
 
 
-def paged_attention_decode_native(q, k_cache, v_cache, block_table, seq_lens, scale):
-    """GQA decode over the paged K/V cache: per sequence, gather, fp32 softmax."""
+def paged_attention_decode_native(q, k_cache, v_cache, block_table, seq_lens, scale, gate=None):
+    """GQA decode over the paged K/V cache: per sequence, gather, fp32 softmax; o * sigmoid(gate)."""
     paged.check_values(OP, k_cache, block_table, seq_lens)
     N, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -47,11 +50,15 @@ def paged_attention_decode_native(q, k_cache, v_cache, block_table, seq_lens, sc
         qi = q[i].float().view(Hkv, Hq // Hkv, D)                              # [Hkv, G, D]
         p = torch.softmax(torch.einsum("kgd,lkd->kgl", qi, k) * scale, dim=-1)  # [Hkv, G, L]
         o[i] = torch.einsum("kgl,lkd->kgd", p, v).reshape(Hq, D)
+    if gate is not None:
+        o = o * torch.sigmoid(gate.float())
     return o.to(q.dtype)
 
 
-def validate(q, k_cache, v_cache, block_table, seq_lens, scale):
+def validate(q, k_cache, v_cache, block_table, seq_lens, scale, gate=None):
     checks.tensor(OP, "q", q, ndim=3, dtype=checks.FLOATS)
+    if gate is not None:
+        checks.tensor(OP, "gate", gate, shape=tuple(q.shape), dtype=q.dtype, device=q.device)
     paged.check_kv_cache(OP, k_cache, v_cache, q.device)
     paged.check_heads(OP, q, k_cache)
     paged.check_table(OP, block_table, seq_lens, q.device, rows=q.shape[0])
@@ -61,7 +68,7 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, scale):
         paged.check_values(OP, k_cache, block_table, seq_lens)
 
 
-def check_values(q, k_cache, v_cache, block_table, seq_lens, scale):
+def check_values(q, k_cache, v_cache, block_table, seq_lens, scale, gate=None):
     paged.check_values(OP, k_cache, block_table, seq_lens)
 
 
@@ -74,10 +81,15 @@ def make_inputs(lens, Hq, Hkv, D, bs, dtype, gen, device="cpu"):
     return tuple(t.to(device) for t in (q, k, v, table, seq))
 
 
-def _case(lens, Hq, Hkv, D, bs, dtypes=(torch.float32, torch.bfloat16)):
+def _case(lens, Hq, Hkv, D, bs, dtypes=(torch.float32, torch.bfloat16), gate=False):
     def make(device, dtype, gen):
-        return make_inputs(lens, Hq, Hkv, D, bs, dtype, gen, device) + (D ** -0.5,), {}
-    return Case(f"N{len(lens)}-L{'_'.join(map(str, lens))}-Hq{Hq}-Hkv{Hkv}-D{D}-BS{bs}", make, dtypes=dtypes)
+        args = make_inputs(lens, Hq, Hkv, D, bs, dtype, gen, device) + (D ** -0.5,)
+        if not gate:
+            return args, {}
+        qg = torch.randn(len(lens), Hq, 2 * D, generator=gen).to(dtype).to(device)   # [q_h | gate_h] per head
+        return args, {"gate": qg[..., D:]}                                          # a strided view
+    return Case(f"N{len(lens)}-L{'_'.join(map(str, lens))}-Hq{Hq}-Hkv{Hkv}-D{D}-BS{bs}" + ("-gate" if gate else ""),
+                make, dtypes=dtypes)
 
 
 def cases():
@@ -86,6 +98,8 @@ def cases():
         _case([16, 17, 63, 0, 65], 8, 2, 128, 16, dtypes=(torch.bfloat16,)),   # block edges, a padding row
         _case([40, 1], 6, 3, 60, 64, dtypes=(torch.float16,)),      # block_size 64, fp16, 2 per group
         _case([5, 130], 16, 2, 256, 64),                            # Qwen3-Next heads; splits on GPUs
+        _case([1, 0, 70], 8, 2, 64, 16, gate=True),                 # the output gate (a padding row: 0)
+        _case([300], 16, 2, 256, 64, dtypes=(torch.bfloat16,), gate=True),   # gated, split on GPUs
     ]
 
 
@@ -119,7 +133,7 @@ paged_attention_decode = declare(OP, paged_attention_decode_native, validate=val
                                  cases=cases, bench_cases=bench_cases)
 
 
-def _triton_supports(q, k_cache, v_cache, block_table, seq_lens, scale):
+def _triton_supports(q, k_cache, v_cache, block_table, seq_lens, scale, gate=None):
     if q.dtype != k_cache.dtype:
         return f"q dtype {str(q.dtype)[6:]} != cache dtype {str(k_cache.dtype)[6:]} (one tl.dot operand type)"
     G, D = q.shape[1] // k_cache.shape[2], q.shape[2]
@@ -135,4 +149,4 @@ paged_attention_decode.implementation(
     platforms=GPU_TRITON, requires=("triton",), dtypes=(torch.float32, torch.float16, torch.bfloat16),
     supports=_triton_supports, priority=10,
     doc="split-KV flash decoding: one program per (sequence, KV head, split) holds the group's query heads "
-        "(K/V read once per group), online softmax, lse merge of the splits")
+        "(K/V read once per group), online softmax, lse merge of the splits (the output gate applied there)")

@@ -13,7 +13,9 @@ The split of a sequence is decided per sequence from its own length (ceil(tiles 
 each). The split count comes from shapes only (sequences, KV heads, table width; never the
 lengths: no host sync, one captured graph fits every length). With one split the program writes
 o; otherwise fp32 partials (o normalised per split, lse) go to scratch and `_merge_kernel`
-combines them by their lse (an empty split writes lse = -inf only and is skipped).
+combines them by their lse. The splits past a sequence's length return at once and the merge
+reads only the ones before (split_kv.live_splits): with the table sized for a long context, a
+short one costs a few programs' work, not hundreds of empty partials merged 16 at a time.
 
 Never out of bounds: positions past the length or past the table width are masked, and a block
 id outside [0, num_blocks) is not read (its positions leave the softmax).
@@ -32,7 +34,7 @@ import triton.language as tl
 from ... import alloc, platform
 from ...platform import interpreting
 from ..common.pdl import inputs_ready, pdl_args
-from ..common.split_kv import num_splits
+from ..common.split_kv import live_splits, num_splits, split_len
 from . import paged
 
 OP = "paged_attention_decode"
@@ -85,20 +87,27 @@ def _dot(a, b, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
-                    s_qn, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
+def _sigmoid_gate(gate_ptr, n, h, s_gn, s_gh, d, mask):
+    """sigmoid(gate[n, h, d]) in fp32 (h a head or a vector of them, d the head dim's lanes)."""
+    g = tl.load(gate_ptr + n.to(tl.int64) * s_gn + h * s_gh + d, mask=mask, other=0.0)
+    return tl.sigmoid(g.to(tl.float32))
+
+
+@triton.jit
+def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr, gate_ptr,
+                    s_qn, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_gn, s_gh,
                     num_blocks, max_blocks, block_size, Hq, G, D, qk_scale, splits,
                     GP: tl.constexpr, DP: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
-                    PDL: tl.constexpr):
+                    HAS_GATE: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
     inputs_ready(PDL)
-    L = tl.load(len_ptr + n)
-    L = tl.minimum(tl.maximum(L, 0), max_blocks * block_size)     # never past the table row
-    per = tl.cdiv(tl.cdiv(L, BLOCK_N), splits)
+    L, per = split_len(tl.load(len_ptr + n), max_blocks * block_size, splits, BLOCK_N)
     start = sp * per * BLOCK_N
     end = tl.minimum(start + per * BLOCK_N, L)
+    if (start >= end) & (splits > 1):   # past the sequence: nothing to write, the merge stops before it
+        return
 
     g = tl.arange(0, GP)
     gmask = g < G
@@ -141,15 +150,22 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr,
     tl.store(lse_ptr + row, tl.where(has, (m_i + tl.log2(l_use)) * 0.6931471805599453, float("-inf")),
              mask=gmask)
     # an empty split leaves its o unwritten (the merge skips it by its lse); with one split o = 0
+    out = acc / l_use[:, None]
+    if HAS_GATE:
+        if splits == 1:   # o itself (more splits: partials, gated by the merge)
+            out = out * _sigmoid_gate(gate_ptr, n, h[:, None], s_gn, s_gh, d[None, :], gmask[:, None] & dmask[None, :])
     if (start < end) | (splits == 1):
-        tl.store(o_ptr + row[:, None] * D + d[None, :], (acc / l_use[:, None]).to(o_ptr.dtype.element_ty),
+        tl.store(o_ptr + row[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=gmask[:, None] & dmask[None, :])
 
 
 @triton.jit
-def _merge_kernel(op_ptr, lsep_ptr, o_ptr, Hq, D, splits, DP: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr):
-    """Program (sequence n, query head h): one pass over the splits, SB at a time, rescaling the
-    running sum to the largest lse seen so far; empty splits (lse -inf) weigh 0 and are not read."""
+def _merge_kernel(op_ptr, lsep_ptr, o_ptr, len_ptr, gate_ptr, s_gn, s_gh, cap, Hq, D, splits, BLOCK_N: tl.constexpr,
+                  DP: tl.constexpr, SB: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr):
+    """Program (sequence n, query head h): one pass over the sequence's live splits (split_kv.live_splits:
+    the partial kernel's programs past its length wrote nothing), SB at a time, rescaling the
+    running sum to the largest lse seen so far; a split whose positions all missed the cache (lse
+    -inf) weighs 0 and is not read."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, DP)
@@ -159,10 +175,11 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, Hq, D, splits, DP: tl.constexpr, SB: 
     den = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([DP], dtype=tl.float32)
     inputs_ready(PDL)
-    for s0 in range(0, splits, SB):
+    live_n = live_splits(tl.load(len_ptr + n), cap, splits, BLOCK_N)
+    for s0 in range(0, live_n, SB):
         ss = s0 + tl.arange(0, SB)
         prow = first + ss * Hq                                     # [SB]
-        ls = tl.load(lsep_ptr + prow, mask=ss < splits, other=float("-inf"))
+        ls = tl.load(lsep_ptr + prow, mask=ss < live_n, other=float("-inf"))
         live = ls > float("-inf")
         o = tl.load(op_ptr + prow[:, None] * D + d[None, :], mask=live[:, None] & dmask[None, :], other=0.0)
         mx_new = tl.maximum(mx, tl.max(ls, 0))
@@ -173,10 +190,13 @@ def _merge_kernel(op_ptr, lsep_ptr, o_ptr, Hq, D, splits, DP: tl.constexpr, SB: 
         acc = acc * alpha + tl.sum(w[:, None] * o, 0)
         mx = mx_new
     den = tl.where(den > 0.0, den, 1.0)                            # acc is 0 there: o = 0
-    tl.store(o_ptr + (n.to(tl.int64) * Hq + h) * D + d, (acc / den).to(o_ptr.dtype.element_ty), mask=dmask)
+    out = acc / den
+    if HAS_GATE:
+        out = out * _sigmoid_gate(gate_ptr, n, h, s_gn, s_gh, d, dmask)
+    tl.store(o_ptr + (n.to(tl.int64) * Hq + h) * D + d, out.to(o_ptr.dtype.element_ty), mask=dmask)
 
 
-def launch(q, k_cache, v_cache, block_table, seq_lens, scale, cfg=None):
+def launch(q, k_cache, v_cache, block_table, seq_lens, scale, cfg=None, gate=None):
     """The kernels, without value checks (tests call this with their own cfg; cfg["splits"]
     forces a split count)."""
     cfg = cfg or launch_config()
@@ -189,29 +209,33 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, scale, cfg=None):
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     seq_lens = seq_lens.contiguous()
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    g_args = (gate, gate.stride(0), gate.stride(1)) if gate is not None else (q, 0, 0)
     o = alloc.empty((N, Hq, D), q.dtype, q.device)
     if N == 0:
         return o
     splits = cfg.get("splits") or num_splits(N * Hkv, max_blocks, bs, cfg, (Hq // Hkv) * D * 4)
-    o_part = o if splits == 1 else torch.empty((N, splits, Hq, D), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((N, splits, Hq), dtype=torch.float32, device=q.device)
+    o_part = o if splits == 1 else alloc.empty((N, splits, Hq, D), torch.float32, q.device)
+    lse_part = alloc.empty((N, splits, Hq), torch.float32, q.device)
     GP = max(16, triton.next_power_of_2(G))
     DP = max(16, triton.next_power_of_2(D))
     bn = cfg.get("block_n") or block_n(cfg, DP, k_cache.element_size())
     _partial_kernel[(N, Hkv, splits)](
-        q, k_cache, v_cache, block_table, seq_lens, o_part, lse_part,
+        q, k_cache, v_cache, block_table, seq_lens, o_part, lse_part, g_args[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), *g_args[1:],
         nb, max_blocks, bs, Hq, G, D, scale * math.log2(math.e), splits,
         GP=GP, DP=DP, BLOCK_N=bn, DOT_F32=interpreting() or k_cache.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args())
+        HAS_GATE=gate is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args())
     if splits > 1:
         sb = min(triton.next_power_of_2(splits), max(1, MERGE_VALUES // DP))
-        _merge_kernel[(N, Hq)](o_part, lse_part, o, Hq, D, splits, DP=DP, SB=sb, num_warps=4, **pdl_args())
+        _merge_kernel[(N, Hq)](o_part, lse_part, o, seq_lens, *g_args, max_blocks * bs, Hq, D, splits, BLOCK_N=bn,
+                               DP=DP, SB=sb, HAS_GATE=gate is not None, num_warps=4, **pdl_args())
     return o
 
 
-def paged_attention_decode_triton(q, k_cache, v_cache, block_table, seq_lens, scale):
+def paged_attention_decode_triton(q, k_cache, v_cache, block_table, seq_lens, scale, gate=None):
     if q.device.type == "cpu":   # host tensors: the values are free to check (a device never syncs here)
         paged.check_values(OP, k_cache, block_table, seq_lens)
-    return launch(q, k_cache, v_cache, block_table, seq_lens, scale)
+    return launch(q, k_cache, v_cache, block_table, seq_lens, scale, gate=gate)

@@ -115,11 +115,13 @@ def _cfg():
     return T.launch_config()
 
 
-@pytest.mark.parametrize("splits,block_n", [(1, 16), (7, 16), (3, 64)],
-                         ids=["one-split", "7-splits", "3-splits-tile64"])
+@pytest.mark.parametrize("splits,block_n", [(1, 16), (7, 16), (3, 64), (40, 16)],
+                         ids=["one-split", "7-splits", "3-splits-tile64", "40-splits-mostly-empty"])
 def test_triton_splits_and_merge(splits, block_n):
-    # a 100-token sequence in tiles of 16 over 7 splits leaves the last split empty (lse -inf, not
-    # read); a padding row and a one-token row; tiles spanning cache blocks of 8
+    # a 100-token sequence in tiles of 16 over 7 splits leaves the last split empty; over 40 splits
+    # (a table sized for a long context) 33 of them: their programs return without writing and the
+    # merge stops at the live ones (the scratch is NaN-poisoned: a read of one would show); a
+    # padding row and a one-token row; tiles spanning cache blocks of 8
     pb = Problem([100, 0, 1, 37], [1] * 4, 6, 3, 40, 8, torch.float32, seed=2)
     o = _launch(pb.q, pb.k_cache, pb.v_cache, pb.table, pb.seq_lens, pb.scale,
                 cfg=dict(_cfg(), splits=splits, block_n=block_n))
@@ -241,3 +243,24 @@ def test_doctor_lists_triton_for_xpu():
     assert "triton" in reasons
     if not platform.current().triton:
         assert reasons["triton"] is None
+
+
+@pytest.mark.parametrize("splits", [1, 40], ids=["one-split", "40-splits"])
+def test_triton_output_gate(splits):
+    # o * sigmoid(gate), the gate a strided view of the [q | gate] projection: applied where o is
+    # final -- the partial kernel with one split, the merge with more -- never to a partial
+    pb = Problem([100, 0, 1, 37], [1] * 4, 6, 3, 40, 8, torch.float32, seed=5)
+    gate = torch.randn(4, 6, 80, generator=torch.Generator().manual_seed(6))[..., 40:]
+    o = _launch(pb.q, pb.k_cache, pb.v_cache, pb.table, pb.seq_lens, pb.scale,
+                cfg=dict(_cfg(), splits=splits, block_n=16), gate=gate)
+    assert rel(o, pb.reference() * torch.sigmoid(gate.double())) < 1e-5
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+
+
+@pytest.mark.parametrize("gate,msg", [
+    (torch.randn(2, 4, 6), "gate shape (2, 4, 6) != (2, 4, 8)"),
+    (torch.randn(2, 4, 8, dtype=torch.float64), "gate dtype float64"),
+], ids=["shape", "dtype"])
+def test_bad_gate_raises(gate, msg):
+    with pytest.raises(KernelgateError, match=f"^{OP}: .*{re.escape(msg)}"):
+        registry.get(OP)(*_args(), gate=gate)
