@@ -9,8 +9,9 @@
 Rotary is the rotate-half form over the first `rotary_dim` = partial_rotary_factor * Dh dims
 (cos / sin per token come from the model, once per step: `rotary`), applied with the norm by
 the `rms_norm_rope` op (fp32 math, one rounding). The step's keys and values
-are written into this layer's paged cache (layout: kernelgate/ops/attention/paged.py) before
-attention reads them; decode steps use `paged_attention_decode`, all others
+are written into this layer's paged cache (layout: kernelgate/ops/attention/paged.py) by
+`paged_cache_write` before attention reads them; decode steps use `paged_attention_decode`,
+which applies the output gate itself (in fp32, one rounding), all others
 `paged_attention_prefill` (chunks attend to their cached prefix).
 
 Tensor parallel: this rank's H / size query heads (each with its gate) and Hkv / size K/V heads
@@ -58,18 +59,18 @@ class GatedAttention(nn.Module):
         T = x.shape[0]
         qg, k, v = quant.linear(x, self, "qkv_proj").split([2 * H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
         qg = qg.view(T, H, 2 * Dh)
-        gate = qg[..., Dh:].reshape(T, H * Dh)
+        gate = qg[..., Dh:]                                                                       # [T, H, Dh] view
         # per-head zero-centred norm + rotary in one launch each, q read in place from the projection
         q = ops.rms_norm_rope(qg[..., :Dh], self.q_norm.scale(), *rope, self.q_norm.eps)          # [T, H, Dh]
         k = ops.rms_norm_rope(k.view(T, Hkv, Dh), self.k_norm.scale(), *rope, self.k_norm.eps)    # [T, Hkv, Dh]
         k_cache, v_cache = cache.k_cache[self.layer_idx], cache.v_cache[self.layer_idx]   # [NB, bs, Hkv, Dh]
-        rows = batch.slot_mapping.long()            # device-side rows: no host sync, capturable
-        k_cache.view(-1, Hkv, Dh).index_copy_(0, rows, k.to(k_cache.dtype))
-        v_cache.view(-1, Hkv, Dh).index_copy_(0, rows, v.reshape(T, Hkv, Dh).to(v_cache.dtype))
-        if batch.decode:
-            o = ops.paged_attention_decode(q, k_cache, v_cache, batch.block_table, batch.seq_lens, self.scale)
+        # both caches in one launch, rows from the device-side mapping (no host sync, capturable)
+        ops.paged_cache_write(batch.slot_mapping, k.to(k_cache.dtype), k_cache, v.to(v_cache.dtype), v_cache)
+        if batch.decode:   # the output gate applied where the attention output is final
+            o = ops.paged_attention_decode(q, k_cache, v_cache, batch.block_table, batch.seq_lens, self.scale,
+                                           gate=gate)
         else:
             o = ops.paged_attention_prefill(q, k_cache, v_cache, batch.block_table, batch.cu_seqlens,
                                             batch.seq_lens, self.scale, cu_seqlens_cpu=batch.cu_seqlens_cpu,
-                                            seq_lens_cpu=batch.seq_lens_cpu)          # [T, H, Dh]
-        return self.par.all_reduce(self.o_proj(o.reshape(T, H * Dh) * torch.sigmoid(gate)))
+                                            seq_lens_cpu=batch.seq_lens_cpu) * torch.sigmoid(gate)   # [T, H, Dh]
+        return self.par.all_reduce(self.o_proj(o.reshape(T, H * Dh)))

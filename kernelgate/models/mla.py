@@ -63,7 +63,7 @@ class MLAttention(nn.Module):
         q = self._q(q_in).view(T, self.H, self.Dn + self.Dr)         # [T, H, Dn + Dr]
         latent = torch.cat([self.kv_a_layernorm(c), k_r], dim=-1)    # [T, R + Dr]
         # device-side rows: no host sync, capturable in a graph
-        kv.view(-1, kv.shape[-1]).index_copy_(0, batch.slot_mapping.long(), latent.to(kv.dtype))
+        ops.paged_cache_write(batch.slot_mapping, latent.to(kv.dtype), kv)
         w_kv = self.kv_b_proj.weight.view(self.H, self.Dn + self.Dv, self.R)
         d = T if batch.decode else batch.leading_decodes
         if d == T:
