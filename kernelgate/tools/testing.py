@@ -46,28 +46,39 @@ def check_impl(op, impl, case, dtype, device) -> str | None:
     return None
 
 
-def hf_kimi_linear_module(mask_fla: bool = True):
-    """transformers' kimi_linear modeling module, the independent reference of the model tests and
-    benchmarks. mask_fla: a private copy imported while `import fla` fails, so it binds its own
-    PyTorch fallbacks (fla's Triton kernels crash on a CPU-only machine and use TF32 / bf16
+def hf_modeling_module(model_type: str, mask_fla: bool = True):
+    """transformers' `models/<model_type>/modeling_<model_type>` module, an independent reference of
+    the model tests and benchmarks. mask_fla: a private copy imported while `import fla` fails, so it
+    binds its own PyTorch fallbacks (fla's Triton kernels crash on CPU tensors -- transformers up to
+    5.24 binds them at import whenever fla imports, whatever the device -- and use TF32 / bf16
     internally); the modules imported before are left as they were."""
     import importlib
     import sys
-    name = "transformers.models.kimi_linear.modeling_kimi_linear"
+    prefix = f"transformers.models.{model_type}"
+    name = f"{prefix}.modeling_{model_type}"
     if not mask_fla:
         return importlib.import_module(name)
-    saved = {n: sys.modules.pop(n) for n in [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]}
+    saved = {n: sys.modules.pop(n) for n in [n for n in sys.modules if n.startswith(prefix)]}
     saved_fla = sys.modules.get("fla", False)
     sys.modules["fla"] = None                      # `import fla` raises ImportError
     try:
         mod = importlib.import_module(name)
     finally:
-        for n in [n for n in sys.modules if n.startswith("transformers.models.kimi_linear")]:
+        for n in [n for n in sys.modules if n.startswith(prefix)]:
             del sys.modules[n]
         sys.modules.update(saved)
         if saved_fla is False:
             del sys.modules["fla"]
         else:
             sys.modules["fla"] = saved_fla
+    return mod
+
+
+def hf_kimi_linear_module(mask_fla: bool = True):
+    """transformers' kimi_linear modeling module (hf_modeling_module), checked to have bound its own
+    PyTorch KDA where mask_fla."""
+    mod = hf_modeling_module("kimi_linear", mask_fla)
+    if not mask_fla:
+        return mod
     assert "fla" not in mod.chunk_kimi_delta_attention.__module__, "transformers still bound fla kernels"
     return mod

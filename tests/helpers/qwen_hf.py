@@ -1,8 +1,12 @@
 """Tiny HF transformers Qwen3-Next / Qwen3.5-MoE models, the independent reference of the
-Gated DeltaNet family's tests (transformers binds its own PyTorch fallbacks on CPU)."""
+Gated DeltaNet family's tests: their modeling modules imported with fla masked, so they run
+transformers' own PyTorch Gated DeltaNet (transformers up to 5.24 binds fla's Triton kernels
+whenever fla imports, which fail on CPU tensors on a machine with a GPU)."""
 from __future__ import annotations
 
 import torch
+
+from kernelgate.tools.testing import hf_modeling_module
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
@@ -30,28 +34,24 @@ def _perturb(model, seed: int):
 def tiny_qwen3_next(seed: int = 0, **overrides):
     """HF Qwen3NextForCausalLM (3 GDN layers + 1 full attention, GVA 2 -> 4 heads, a dense
     MLP layer when mlp_only_layers says so)."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import Qwen3NextConfig
     torch.manual_seed(seed)
     kw = {**TINY, "intermediate_size": 96, **overrides}
-    return _perturb(Qwen3NextForCausalLM(Qwen3NextConfig(**kw)), seed)
+    return _perturb(hf_modeling_module("qwen3_next").Qwen3NextForCausalLM(Qwen3NextConfig(**kw)), seed)
 
 
 def tiny_qwen3_5_moe(seed: int = 0, multimodal: bool = True):
     """HF Qwen3.5-MoE: the multimodal ForConditionalGeneration (a one-block vision tower) or
     the text-only ForCausalLM."""
-    from transformers import (
-        Qwen3_5MoeConfig,
-        Qwen3_5MoeForCausalLM,
-        Qwen3_5MoeForConditionalGeneration,
-        Qwen3_5MoeTextConfig,
-    )
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig
+    hf = hf_modeling_module("qwen3_5_moe")
     torch.manual_seed(seed)
     text = {k: v for k, v in TINY.items()}
     if multimodal:
         vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "out_hidden_size": 64}
-        model = Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
+        model = hf.Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
     else:
-        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text))
+        model = hf.Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text))
     return _perturb(model, seed)
 
 
