@@ -10,14 +10,15 @@ The contract of a kernel written for it (`PDL: tl.constexpr` among its parameter
     writes anything (an earlier kernel may still be reading the buffer); before the call it may
     read only what no kernel of the step writes (weights, parameters: a first weight tile
     loaded there overlaps the predecessor's tail);
-  - `inputs_ready` waits, then lets the next PDL kernel launch (once every program of this one
-    has passed the wait): its programs start while this one runs and wait in turn. Every PDL
-    kernel waits for its predecessor's completion, which came after that one's own wait, so each
-    kernel still runs after the whole chain before it.
-    (Triggering before the wait is also correct by PTX's griddepcontrol semantics -- the wait is
-    for the predecessor's completion whenever the trigger came -- and measured 374.3 against 368.9
-    tok/s for Qwen3.5-MoE at batch 1, within about the run-to-run spread; its bitwise check on the
-    GPU has not run yet, so the checked order stays.)
+  - `inputs_ready` lets the next PDL kernel launch (once every program of this one has reached
+    the call), then waits: the next kernel's programs start while this one still waits or runs,
+    read their own weights, and wait in turn. `griddepcontrol.wait` waits for the predecessor's
+    completion and the visibility of its writes whenever the trigger came, and a kernel completes
+    only after its own wait returned, so each kernel still runs after the whole chain before it.
+    Trigger-then-wait measured against wait-then-trigger in the same device call (H200, Session 29,
+    bench/RESULTS.md): Qwen3.5-MoE 40 layers B1 397.0 / 396.9 against 394.7 / 394.9 tok/s, Kimi
+    27 layers bf16 B1 403.4 / 402.7 against 399.8 / 400.5, FP8 462.8 / 461.0 against 459.4 / 460.5,
+    B64 unchanged; logits bitwise equal with PDL on and off (Qwen3.5-MoE, Kimi FP8).
   - it launches with `**pdl_args()`: {"PDL": True, "launch_pdl": True} on compiled CUDA of
     capability 9.0 or more with KERNELGATE_PDL on, else {"PDL": False} -- the call compiles away
     (AMD, Intel, sm_80, the interpreter) and the launch is an ordinary one.
@@ -45,10 +46,10 @@ except ImportError:      # a Triton without NVIDIA's extras: PDL is never on the
 
 @triton.jit
 def inputs_ready(PDL: tl.constexpr):
-    """Wait for the previous kernel (its writes visible), then let the next PDL kernel launch."""
+    """Let the next PDL kernel launch, then wait for the previous kernel (its writes visible)."""
     if PDL:
-        gdc_wait()
         gdc_launch_dependents()
+        gdc_wait()
 
 
 def pdl_args() -> dict:
