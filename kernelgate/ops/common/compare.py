@@ -7,8 +7,8 @@ import torch
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64 (0 when both are zero)."""
-    a, b = a.double(), b.double()
+    """||a - b|| / ||b|| in float64 (0 when both are zero); b is moved to a's device."""
+    a, b = a.double(), b.double().to(a.device)
     den = b.norm().item()
     num = (a - b).norm().item()
     return num / den if den > 0 else num
