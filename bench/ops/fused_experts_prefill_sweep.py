@@ -38,7 +38,10 @@ from kernelgate.tools.testing import rel_err  # noqa: E402
 SMEM = 227 * 1024          # H100 / H200 shared memory per block (opt-in)
 
 
-def launches(quick: bool):
+def launches(quick: bool, decode: bool = False):
+    if decode:    # a decode batch: ~1-3 rows per expert, the weights' bytes are the cost
+        return [(bn, bk, w, st) for bn, bk, w, st in itertools.product((16, 32, 64, 128), (128, 256), (4, 8), (3, 4, 5))
+                if not (w == 8 and bn < 64)] + [(64, 64, 4, 4), (128, 64, 4, 4)]
     if quick:
         return [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (256, 64, 8, 3), (128, 128, 8, 3)]
     return list(itertools.product((64, 128, 256), (32, 64, 128), (4, 8), (3, 4, 5)))
@@ -59,6 +62,9 @@ def main() -> int:
                                                        "tiles together: L2 reuse of their rows; 0: every row "
                                                        "block, one column tile after another), comma-separated")
     ap.add_argument("--tiny", action="store_true", help="small shapes, any device (the interpreter on a CPU)")
+    ap.add_argument("--decode", action="store_true", help="decode launches (narrow column tiles, deep K steps) "
+                                                          "and the weights' read rate; e.g. --tokens 64 --block-m 16 "
+                                                          "--group-m 0")
     a = ap.parse_args()
     dev = platform.default_device()
     if dev.type == "cpu" and not (a.tiny and platform.interpreting()):
@@ -74,6 +80,8 @@ def main() -> int:
     bucket = triton.next_power_of_2(P)
     ieee = dtype == torch.float32
     gu_flop, d_flop = 2 * P * 2 * I * D, 2 * P * D * I
+    hit = ids.unique().numel()                    # distinct experts: each one's weights read once
+    gu_bytes, d_bytes = hit * 2 * I * D * wgu.element_size(), hit * D * I * wd.element_size()
 
     def gate_up(sp, be, h, bm, bn, bk, w, st, g=0):
         ft._gate_up_kernel[(be.numel() * triton.cdiv(I, bn),)](
@@ -102,8 +110,11 @@ def main() -> int:
     t_sum = benchmark.time_ms(lambda: ft.sum_slots(ref_y, ids, o, E1), dev)
     print(f"dispatched call {t_call * 1e3:,.0f} µs ({(gu_flop + d_flop) / t_call / 1e9:,.0f} TFLOP/s over the call; "
           f"BLOCK_M {r.block_m}); moe_align {t_align * 1e3:,.0f} µs, sum over slots {t_sum * 1e3:,.0f} µs\n")
-    print("| BLOCK_M | padded rows | GROUP_M | BLOCK_N | BLOCK_K | warps | stages | gate/up µs | TFLOP/s | down µs "
-          "| TFLOP/s |")
+    if a.decode:
+        print(f"decode: {hit} experts hit, weights read {(gu_bytes + d_bytes) / 1e6:,.0f} MB; columns: µs, TB/s of "
+              "those bytes")
+    print("| BLOCK_M | padded rows | GROUP_M | BLOCK_N | BLOCK_K | warps | stages | gate/up µs | "
+          f"{'TB/s' if a.decode else 'TFLOP/s'} | down µs | {'TB/s' if a.decode else 'TFLOP/s'} |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     groups = [int(v) for v in a.group_m.split(",")] if not a.tiny else [0, 2]
     best = {}
@@ -113,11 +124,13 @@ def main() -> int:
         h = torch.empty_like(ref_h)
         y = torch.empty_like(ref_y)
         for g, (bn, bk, w, st) in itertools.product(
-                groups, launches(a.quick) if not a.tiny else [(32, 32, 4, 2), (64, 32, 4, 2)]):
+                groups, launches(a.quick, a.decode) if not a.tiny else [(32, 32, 4, 2), (64, 32, 4, 2)]):
             cells = []
             for name, halves, fn, flop, got, ref in (
-                    ("gate/up", 2, lambda: gate_up(sp, be, h, bm, bn, bk, w, st, g), gu_flop, h, ref_h),
-                    ("down", 1, lambda: down(sp, be, ref_h, y, bm, bn, bk, w, st, g), d_flop, y, ref_y)):
+                    ("gate/up", 2, lambda: gate_up(sp, be, h, bm, bn, bk, w, st, g),
+                     gu_bytes * 1e3 if a.decode else gu_flop, h, ref_h),
+                    ("down", 1, lambda: down(sp, be, ref_h, y, bm, bn, bk, w, st, g),
+                     d_bytes * 1e3 if a.decode else d_flop, y, ref_y)):
                 if not fits(bm, bn, bk, st, halves):
                     cells += ["(smem)", ""]
                     continue
@@ -132,13 +145,13 @@ def main() -> int:
                     cells += [f"(wrong: {err:.1e})", ""]
                     continue
                 ms = benchmark.time_ms(fn, dev, rep_ms=100.0)
-                tf = flop / ms / 1e9
+                tf = flop / ms / 1e9        # TFLOP/s, or (decode) TB/s: bytes * 1e3 / ms / 1e9
                 if tf > best.get(name, (0,))[0]:
                     best[name] = (tf, ms, (bm, g, bn, bk, w, st))
-                cells += [f"{ms * 1e3:,.0f}", f"{tf:,.0f}"]
+                cells += [f"{ms * 1e3:,.1f}", f"{tf:,.2f}" if a.decode else f"{tf:,.0f}"]
             print(f"| {bm} | {pad:.1%} | {g} | {bn} | {bk} | {w} | {st} | " + " | ".join(cells) + " |", flush=True)
     for name, (tf, ms, cfg) in best.items():
-        print(f"best {name}: {ms * 1e3:,.0f} µs, {tf:,.0f} TFLOP/s at BLOCK_M, GROUP_M, BLOCK_N, BLOCK_K, warps, "
+        print(f"best {name}: {ms * 1e3:,.0f} µs, {tf:,.2f} {'TB/s' if a.decode else 'TFLOP/s'} at BLOCK_M, GROUP_M, BLOCK_N, BLOCK_K, warps, "
               f"stages = {cfg}")
     return 0
 

@@ -91,9 +91,11 @@ def _kda_step_kernel(q, k, v, g, beta, A_log, dt_bias, state, slots, o,
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mv)
 
 
-def launch_step(q, k, v, g, beta, A_log, dt_bias, state, slots, scale, lower_bound, packed, l2):
+def launch_step(q, k, v, g, beta, A_log, dt_bias, state, slots, scale, lower_bound, packed, l2, bv=None,
+                num_warps=4):
     """q, k [N, HK, K], v [N, H, V], g [N, H, K] (KDA) or [N, H] (GDN: one decay per head),
-    beta [N, H]; H % HK == 0. -> o [N, H, V] in v's dtype; the state updated in place."""
+    beta [N, H]; H % HK == 0. -> o [N, H, V] in v's dtype; the state updated in place.
+    bv, num_warps: launch overrides (sweeps)."""
     N, HK, K = q.shape
     H, V = v.shape[1:]
     o = alloc.empty((N, H, V), v.dtype, v.device)
@@ -103,7 +105,7 @@ def launch_step(q, k, v, g, beta, A_log, dt_bias, state, slots, scale, lower_bou
     BK = max(16, triton.next_power_of_2(K))
     # few (sequence, head) pairs: narrow V tiles, so that enough programs run to fill the device;
     # many: 64-wide tiles with 4 warps, fewer and longer programs that read the state nearer its floor
-    BV = min(max(16, triton.next_power_of_2(V)), 16 if N * H < 256 else 64)
+    BV = bv or min(max(16, triton.next_power_of_2(V)), 16 if N * H < 256 else 64)
     grid = (N, H, triton.cdiv(V, BV))
     # every tensor through its strides (unit strides are specialised by Triton: no cost when dense)
     _kda_step_kernel[grid](
@@ -112,7 +114,7 @@ def launch_step(q, k, v, g, beta, A_log, dt_bias, state, slots, scale, lower_bou
         *beta.stride(), A_log.stride(0) if A_log is not None else 0, dt_bias.stride(0) if dt_bias is not None else 0,
         slots.stride(0), *state.stride(), o.stride(0), state.shape[0], float(scale), float(lower_bound or 0.0),
         H=H, K=K, V=V, BK=BK, BV=BV, PACKED=packed, USE_LB=lower_bound is not None,
-        HAS_BIAS=dt_bias is not None, L2=l2, GROUP=H // HK, SCALAR_G=scalar_g, num_warps=4,
+        HAS_BIAS=dt_bias is not None, L2=l2, GROUP=H // HK, SCALAR_G=scalar_g, num_warps=num_warps,
         **pdl_args())
     return o
 

@@ -74,12 +74,13 @@ def _logits(x, weight):
     return torch.empty((T, E), dtype=torch.float32, device=x.device), T, D, E
 
 
-def router_logits_triton(x, weight):
+def router_logits_triton(x, weight, **over):
+    """over: launch overrides (sweeps): T_BLOCK, BLOCK_E, BLOCK_D, num_warps."""
     y, T, D, E = _logits(x, weight)
     if y.numel() == 0:
         return y
-    cfg = launch_config(T)
-    tb = min(T_BLOCK, triton.next_power_of_2(T))
+    cfg = {"T_BLOCK": T_BLOCK, **launch_config(T), **over}
+    tb = min(cfg["T_BLOCK"], triton.next_power_of_2(T))
     _router_kernel[(triton.cdiv(E, cfg["BLOCK_E"]), triton.cdiv(T, tb))](
         x, weight, y, T, E, D, *x.stride(), *weight.stride(), y.stride(0),
         T_PAD=tb, BLOCK_E=cfg["BLOCK_E"], BLOCK_D=min(cfg["BLOCK_D"], max(16, triton.next_power_of_2(D))),
@@ -118,12 +119,13 @@ def _router_bf16x3_kernel(x_ptr, w_ptr, y_ptr, T, E, D, sxt, sxd, swe, swd, syt,
     tl.store(y_ptr + t[:, None].to(tl.int64) * syt + e[None, :], acc_hi + acc_lo, mask=t_ok[:, None] & e_ok[None, :])
 
 
-def router_logits_bf16x3(x, weight):
+def router_logits_bf16x3(x, weight, **over):
+    """over: launch overrides (sweeps): BM, BN, BK, num_warps, num_stages."""
     y, T, D, E = _logits(x, weight)
     if y.numel() == 0:
         return y
     interp = platform.interpreting()
-    cfg = dict(BM=32, BN=32, BK=32, num_warps=4, num_stages=1) if interp else MMA
+    cfg = {**(dict(BM=32, BN=32, BK=32, num_warps=4, num_stages=1) if interp else MMA), **over}
     _router_bf16x3_kernel[(triton.cdiv(T, cfg["BM"]), triton.cdiv(E, cfg["BN"]))](
         x, weight, y, T, E, D, *x.stride(), *weight.stride(), y.stride(0), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
         PARTS_F32=interp, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
