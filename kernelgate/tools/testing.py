@@ -2,6 +2,10 @@
 model tests (transformers' Kimi Linear without fla)."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+
 import torch
 
 from ..ops.common.compare import assert_close, rel_err  # noqa: F401 - the tests' comparison
@@ -46,32 +50,42 @@ def check_impl(op, impl, case, dtype, device) -> str | None:
     return None
 
 
-def hf_modeling_module(model_type: str, mask_fla: bool = True):
-    """transformers' `models/<model_type>/modeling_<model_type>` module, an independent reference of
-    the model tests and benchmarks. mask_fla: a private copy imported while `import fla` fails, so it
-    binds its own PyTorch fallbacks (fla's Triton kernels crash on CPU tensors -- transformers up to
-    5.24 binds them at import whenever fla imports, whatever the device -- and use TF32 / bf16
-    internally); the modules imported before are left as they were."""
-    import importlib
-    import sys
+@contextlib.contextmanager
+def hf_modeling_masked(model_type: str):
+    """transformers' `models/<model_type>/modeling_<model_type>` module imported while `import fla`
+    fails, so it binds its own PyTorch fallbacks (fla's Triton kernels crash on CPU tensors --
+    transformers up to 5.24 binds them at import whenever fla imports on a machine with a GPU -- and
+    use TF32 / bf16 internally). The masked copy stays registered in sys.modules while the block
+    runs, so that a model whose constructor builds parts through AutoModel (Qwen3.5-MoE's multimodal
+    model builds its text model so) gets the masked classes too; the modules imported before are
+    put back afterwards."""
     prefix = f"transformers.models.{model_type}"
-    name = f"{prefix}.modeling_{model_type}"
-    if not mask_fla:
-        return importlib.import_module(name)
     saved = {n: sys.modules.pop(n) for n in [n for n in sys.modules if n.startswith(prefix)]}
     saved_fla = sys.modules.get("fla", False)
     sys.modules["fla"] = None                      # `import fla` raises ImportError
     try:
-        mod = importlib.import_module(name)
+        mod = importlib.import_module(f"{prefix}.modeling_{model_type}")
     finally:
-        for n in [n for n in sys.modules if n.startswith(prefix)]:
-            del sys.modules[n]
-        sys.modules.update(saved)
         if saved_fla is False:
             del sys.modules["fla"]
         else:
             sys.modules["fla"] = saved_fla
-    return mod
+    try:
+        yield mod
+    finally:
+        for n in [n for n in sys.modules if n.startswith(prefix)]:
+            del sys.modules[n]
+        sys.modules.update(saved)
+
+
+def hf_modeling_module(model_type: str, mask_fla: bool = True):
+    """transformers' modeling module of `model_type`, an independent reference of the model tests and
+    benchmarks: with mask_fla, the private copy of hf_modeling_masked (its classes keep working after
+    the block); else the module as transformers imports it."""
+    if not mask_fla:
+        return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    with hf_modeling_masked(model_type) as mod:
+        return mod
 
 
 def hf_kimi_linear_module(mask_fla: bool = True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelgate.tools.testing import hf_modeling_module
+from kernelgate.tools.testing import hf_modeling_masked, hf_modeling_module
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
@@ -44,14 +44,16 @@ def tiny_qwen3_5_moe(seed: int = 0, multimodal: bool = True):
     """HF Qwen3.5-MoE: the multimodal ForConditionalGeneration (a one-block vision tower) or
     the text-only ForCausalLM."""
     from transformers import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig
-    hf = hf_modeling_module("qwen3_5_moe")
     torch.manual_seed(seed)
     text = {k: v for k, v in TINY.items()}
-    if multimodal:
-        vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "out_hidden_size": 64}
-        model = hf.Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
-    else:
-        model = hf.Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text))
+    with hf_modeling_masked("qwen3_5_moe") as hf:     # the multimodal model builds its text model by AutoModel
+        if multimodal:
+            vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "out_hidden_size": 64}
+            model = hf.Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
+            lm = model.model.language_model
+            assert isinstance(lm, hf.Qwen3_5MoeTextModel), f"{type(lm)} is not the fla-masked copy's text model"
+        else:
+            model = hf.Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text))
     return _perturb(model, seed)
 
 
