@@ -255,7 +255,7 @@ def part_decode(args, device) -> list:
     from kernelgate import registry
     from kernelgate.engine import Engine
     sys.path.insert(0, str(Path(__file__).parent))
-    from kimi_e2e import decode_floor
+    from kimi_e2e import decode_floor, routed_distinct
     cfg = config_for(args.layers, args.tiny)
     src = RandomSource(cfg, device, torch.bfloat16, seed=0)
     batches = [int(b) for b in args.batches.split(",")]
@@ -276,9 +276,12 @@ def part_decode(args, device) -> list:
             decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)          # graphs, autotuning
             rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b)
             floor = decode_floor(model, b, length, args.hbm_gbps)
+            hit = routed_distinct(model, b, args.prompt)
+            routed = decode_floor(model, b, length, args.hbm_gbps, distinct=hit)
             within = "" if peak_load != peak_load else f" ({'within' if peak_load <= bound else 'OVER'} bound)"
             rows.append([name, str(b), f"{rate:,.1f}", f"{floor:,.0f}", f"{rate / floor:.3f}", _gb(weights),
-                         _gb(peak_load) + within, _gb(_peak(device))])
+                         _gb(peak_load) + within, _gb(_peak(device)), f"{hit:.1f}", f"{routed:,.0f}",
+                         f"{rate / routed:.3f}"])
             print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f}), {time.perf_counter() - t0:.1f} s", flush=True)
         print("    plan: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in registry.plan().items()), flush=True)
         eng.close()
@@ -287,7 +290,7 @@ def part_decode(args, device) -> list:
     _table(f"decode through kernelgate.generate, {args.layers} layers real width"
            f"{' (tiny)' if args.tiny else ''}, prompts of {args.prompt}, byte floor at {args.hbm_gbps:,.0f} GB/s",
            ["weights", "batch", "decode tok/s", "byte floor tok/s", "of floor", "weights GB", "load peak GB",
-            "decode peak GB"], rows)
+            "decode peak GB", "experts hit a layer (routed)", "floor as routed", "of it"], rows)
     return rows
 
 

@@ -206,16 +206,17 @@ def graphs_check(model, batch: int = 5, prompt: int = 40) -> float | None:
     return rel_err(graph.float(), eager.float())
 
 
-def decode_floor(model, batch: int, context: int, gbps: float) -> float:
+def decode_floor(model, batch: int, context: int, gbps: float, distinct: float | None = None) -> float:
     """Upper bound on decode tokens/s from bytes alone: every byte one step must move, read
     once at the measured copy bandwidth. A step reads every weight but the routed experts and
     the embedding table (one row per token), the experts the batch routes to (expected number
-    of distinct ones when each token picks k of E uniformly: E * (1 - (1 - k/E)^batch)), and
-    each sequence's recurrent and conv states (read and written) and attention cache up to
-    `context` (either family: the model's own slot_bytes / block_bytes)."""
+    of distinct ones when each token picks k of E uniformly: E * (1 - (1 - k/E)^batch); or
+    `distinct`, as routed_distinct counts them in a run), and each sequence's recurrent and conv
+    states (read and written) and attention cache up to `context` (either family: the model's own
+    slot_bytes / block_bytes)."""
     c = model.config
     E, k = c.num_experts, c.num_experts_per_token
-    distinct = E * (1 - (1 - k / E) ** batch)
+    distinct = E * (1 - (1 - k / E) ** batch) if distinct is None else distinct
     weights = 0.0
     for name, p in model.named_parameters():
         nbytes = p.numel() * p.element_size()
@@ -226,6 +227,41 @@ def decode_floor(model, batch: int, context: int, gbps: float) -> float:
         weights += nbytes
     per_seq = 2 * model.slot_bytes() + context * model.block_bytes(1)
     return batch / ((weights + batch * per_seq) / (gbps * 1e9))
+
+
+def routed_distinct(model, batch: int, prompt: int, steps: int = 2, seed: int = 1) -> float:
+    """Distinct routed experts (the shared one not counted) per MoE layer and decode step, as this
+    model's weights route `batch` sequences of `prompt` random tokens: the ids every top-k call of
+    a few eager engine steps picks, recorded. decode_floor's default count assumes each token picks
+    its k experts independently and uniformly; a model's weights may route a batch to fewer (random
+    weights whose tokens' hidden states grow alike), and then that floor counts bytes no step reads."""
+    import torch
+
+    from kernelgate import ops
+    from kernelgate.engine import SamplingParams
+    E = model.config.num_experts
+    eng = _engine(model, batch, prompt + steps + 2, graphs=False)
+    g = torch.Generator().manual_seed(seed)
+    for i in range(batch):
+        eng.add_request(str(i), torch.randint(0, min(1000, model.config.vocab_size), (prompt,), generator=g).tolist(),
+                        SamplingParams(max_new_tokens=steps + 1))
+    eng.step()                                               # the prompts' prefill
+    counts, topk = [], ops.biased_grouped_topk
+
+    def recorded(*args, **kwargs):
+        weights, ids = topk(*args, **kwargs)
+        if ids.shape[0] >= batch:                            # a decode step's rows (padded rows after them)
+            live = ids[:batch]
+            counts.append(torch.unique(live[(live >= 0) & (live < E)]).numel())
+        return weights, ids
+    ops.biased_grouped_topk = recorded
+    try:
+        for _ in range(steps):
+            eng.step()
+    finally:
+        ops.biased_grouped_topk = topk
+        eng.close()
+    return sum(counts) / max(len(counts), 1)
 
 
 def ours_decode(model, batch: int, prompt: int, steps: int, warm: int = 3, graphs: bool = True,

@@ -18,7 +18,9 @@ Parts:
         engine's prefill steps, second call), peak device memory.
 Byte floor (kimi_e2e.decode_floor): every weight but the routed experts and the embedding, the
 expected distinct experts of a uniform top-k of the batch, the shared expert, each sequence's GDN
-and conv states read and written and its K/V cache, read once at --hbm-gbps.
+and conv states read and written and its K/V cache, read once at --hbm-gbps. Beside it the same
+floor with the experts as the run routes them (kimi_e2e.routed_distinct: a few eager steps' top-k
+ids counted): random weights may route a batch to fewer experts than a uniform top-k.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fp8_decode import _gb, _peak, _prompts, _reset_peak, _sync, _table, decode_rate  # noqa: E402
-from kimi_e2e import decode_floor  # noqa: E402
+from kimi_e2e import decode_floor, routed_distinct  # noqa: E402
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
@@ -185,8 +187,12 @@ def part_full(args, device) -> dict:
         decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)
         rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b)
         floor = decode_floor(model, b, length, args.hbm_gbps)
-        rows.append([f"decode B{b}", f"{rate:,.1f} tok/s", f"{floor:,.0f} tok/s", f"{rate / floor:.3f}"])
-        print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f})", flush=True)
+        hit = routed_distinct(model, b, args.prompt)
+        routed = decode_floor(model, b, length, args.hbm_gbps, distinct=hit)
+        rows.append([f"decode B{b}", f"{rate:,.1f} tok/s", f"{floor:,.0f} tok/s", f"{rate / floor:.3f}",
+                     f"{hit:.1f}: {routed:,.0f} tok/s, {rate / routed:.3f}"])
+        print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f}; {hit:.1f} experts hit a layer as routed: "
+              f"floor {routed:,.0f})", flush=True)
     for call in range(2):                        # the first compiles the chunk shapes; another prompt
         t = Timing()                             # each time (the prefix cache would serve a repeat)
         prompt = _prompts(1, args.prefill, cfg.vocab_size, 5 + call)
@@ -194,13 +200,13 @@ def part_full(args, device) -> dict:
         kernelgate.generate(model, prompt, max_new_tokens=1, stop_token_ids=(), timing=t, engine=eng)
         wall = time.perf_counter() - t0
     rows.append([f"prefill {args.prefill:,} tokens", f"{t.rate('prefill'):,.0f} tok/s (steps), "
-                 f"{args.prefill / wall:,.0f} (wall)", "", ""])
-    rows.append(["peak device memory", f"{_gb(_peak(device))} GB ({weights / 1e9:.2f} GB weights)", "", ""])
+                 f"{args.prefill / wall:,.0f} (wall)", "", "", ""])
+    rows.append(["peak device memory", f"{_gb(_peak(device))} GB ({weights / 1e9:.2f} GB weights)", "", "", ""])
     eng.close()
     kernelgate.release(model)
     _table(f"full depth: {args.layers} layers real width (Qwen3.5-MoE 35B-A3B), random weights, bf16, "
            f"prompts of {args.prompt}, byte floor at {args.hbm_gbps:,.0f} GB/s",
-           ["what", "kernelgate", "byte floor", "of floor"], rows)
+           ["what", "kernelgate", "byte floor", "of floor", "experts hit a layer as routed: floor, of it"], rows)
     return {"full": rows}
 
 
