@@ -50,8 +50,10 @@ def tiny_qwen3_5_moe(seed: int = 0, multimodal: bool = True):
         if multimodal:
             vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "out_hidden_size": 64}
             model = hf.Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text, vision_config=vision))
-            lm = model.model.language_model
-            assert isinstance(lm, hf.Qwen3_5MoeTextModel), f"{type(lm)} is not the fla-masked copy's text model"
+            if not isinstance(model.model.language_model, hf.Qwen3_5MoeTextModel):
+                # AutoModel resolved it from the module imported before the mask (transformers keeps
+                # the modules its lazy mapping loaded): the masked copy's own text model instead
+                model.model.language_model = hf.Qwen3_5MoeTextModel(model.config.text_config)
         else:
             model = hf.Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text))
     return _perturb(model, seed)
