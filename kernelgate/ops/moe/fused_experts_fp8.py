@@ -68,12 +68,18 @@ def _triton_supports(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_up_sca
     return None
 
 
-def _gemv_fp8_supports(x, *args, **kwargs):
+def _gemv_fp8_supports(x, w_gate_up, w_down, *args, **kwargs):
+    from ..quant.fp8_gemv_triton import words_ok
     from .fused_experts_fp8_gemv_triton import MAX_TOKENS
     if x.shape[0] > MAX_TOKENS:
         return (f"T={x.shape[0]} tokens: the FP8 GEMV is for one token (from {MAX_TOKENS + 1} the grouped GEMM reads "
                 "the FP8 experts faster)")
-    return _triton_supports(x, *args, **kwargs)
+    block = kwargs.get("block_size", args[4] if len(args) > 4 else DEFAULT_BLOCK)
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        why = words_ok(w.shape[-1], block, w)
+        if why:
+            return f"{name}: {why}"
+    return _triton_supports(x, w_gate_up, w_down, *args, **kwargs)
 
 
 # -- cases ---------------------------------------------------------------------------------

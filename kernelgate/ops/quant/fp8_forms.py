@@ -4,7 +4,9 @@
            (platform.fp8_mma: sm_89+, gfx942, gfx950)
     w8a16  the weight's e4m3fn codes decoded in the kernel (fp8 conversion instructions where the
            device has them, platform.fp8_hardware; exact integer ops elsewhere), fp16 dots (16-bit x
-           scaled by a power of two per row: exact), fp32 FMAs in the decode GEMVs
+           scaled by a power of two per row: exact); the one-token GEMVs read 4-code words and decode
+           them with NVIDIA's conversion instructions in inline PTX (sm_89+), exact integer ops elsewhere,
+           fp32 FMAs
 
 The GPU's capability decides; a platform simulated by name has none, so its line gives the rule.
 """
@@ -26,7 +28,11 @@ def _w8a16(plat) -> str:
         how = f"by fp8 conversion on {CONVERT_GPUS[plat.name]}, with exact integer ops elsewhere"
     else:
         how = "with exact integer ops"
-    return f"w8a16 (weight codes decoded {how}; fp16 dots, 16-bit x scaled exactly; fp32 FMAs in the decode GEMV)"
+    gemv = "inline PTX conversion" if plat.name == "cuda" and (not cap or platform.fp8_hardware(cap)) else "integer ops"
+    if plat.name == "cuda" and not cap:
+        gemv = "inline PTX conversion on sm_89+, integer ops elsewhere"
+    return (f"w8a16 (weight codes decoded {how}; fp16 dots, 16-bit x scaled exactly; one token: a GEMV on 4-code "
+            f"words decoded by {gemv}, fp32 FMAs)")
 
 
 def _where(plat) -> str:

@@ -7,9 +7,9 @@ w8a16 (implementation `triton`): _w8a16_kernel. Weight tiles [BLOCK_K, BLOCK_N] 
     operands). A K tile lies inside one scale block (BLOCK_K divides bk), so
         acc += (x_tile @ w_tile) * x_factor[m] * scale[n // bn, k0 // bk]       (w8a16_part)
     and with a single K block (per-channel scales, or K <= bk) the scale multiplies once at the end.
-    One token (T <= GEMV_TOKENS) takes the GEMV of fp8_gemv_triton.py: programs of a few weight rows,
-    codes decoded to fp32 and multiplied with FMAs -- a 16-row tl.dot tile wastes 15 rows of work
-    for one token. Other decode batches (T <= DECODE_TOKENS) take one 16-row tile, narrow N tiles and
+    One token (T <= GEMV_TOKENS, weights readable as 4-code words) takes the GEMV of fp8_gemv_triton.py:
+    programs of a few weight rows, codes decoded and multiplied with FMAs -- a 16-row tl.dot tile
+    wastes 15 rows of work for one token (H200, Session 30: 16-row tl.dot tiles 1.5-3x slower). Other decode batches (T <= DECODE_TOKENS) take one 16-row tile, narrow N tiles and
     a K range split over SPLIT programs (fp32 partials summed in a fixed order by _sum_splits_kernel),
     so the call spreads its weight bytes over the whole device; the GEMV would read the weights once
     per token (H200, T = 8: 54 µs for the KDA in_proj where this launch takes ~13). SPLIT follows from
@@ -34,7 +34,7 @@ from ... import alloc, platform
 from ...platform import interpreting
 from .fp8_triton import MODES, SCALE, dot, fp16_operand, fp16_rows, fp8_operand, mma_mode_for, mode_for
 from ..common.fp8_triton import encode_e4m3
-from .fp8_gemv_triton import fp8_gemv, k_tile
+from .fp8_gemv_triton import fp8_gemv, k_tile, words_ok
 from .fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
 GEMV_TOKENS = 1         # up to this many tokens: the GEMV (fp8_gemv_triton)
@@ -45,30 +45,21 @@ _GEMM = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
 _W8A8 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 # (Session 19's split-K sweep, T = 1, the best of 48 launches at Kimi's shapes: bench/RESULTS.md)
 _DECODE = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, programs=528)
-# the GEMV: weight rows per program, codes per K step; long rows (K >= 4096) take fewer, wider programs
-# (bench/ops/fp8_linear_sweep.py, H200, Kimi's projections at T = 1: in_proj 12,576 x 2,304 11.8 µs,
-# MLA q_proj 6,144 x 2,304 8.8, KDA o_proj 2,304 x 4,096 7.5; the split-K tl.dot launch before them
-# 13.1 / 9.3 / 9.1, bf16 cuBLAS 17.3 / 8.9 / 8.6)
-# Long rows since Session 26 (same sweep, activations loaded in the weight tile's shape, X_ROWS): 4-row
-# programs, o_proj 8.4 -> 5.3 µs; the short rows' launch is as fast either way (in_proj 9.7 / 9.7).
-_GEMV = dict(long=dict(K=4096, ROWS=4, WIDTH=512, num_warps=4, X_ROWS=True),
-             short=dict(ROWS=16, WIDTH=256, num_warps=2))
 LAUNCH = {
     # AMD GPUs have 64 KiB of LDS per workgroup: three fp32 x stages of 64 x 64 plus the weight bytes do not fit
-    "rocm": dict(gemm=dict(_GEMM, num_stages=2), decode=dict(_DECODE, num_stages=2), w8a8=dict(_W8A8, num_stages=2),
-                 gemv=_GEMV),
+    "rocm": dict(gemm=dict(_GEMM, num_stages=2), decode=dict(_DECODE, num_stages=2), w8a8=dict(_W8A8, num_stages=2)),
 }
-_DEFAULT = dict(gemm=_GEMM, decode=_DECODE, w8a8=_W8A8, gemv=_GEMV)
+_DEFAULT = dict(gemm=_GEMM, decode=_DECODE, w8a8=_W8A8)
 # The interpreter pays per program and per op: few, wide programs; a small split still exercised.
 _INTERP = dict(gemm=dict(_GEMM, BLOCK_K=64), decode=dict(_DECODE, BLOCK_N=64, BLOCK_K=64, programs=8),
-               w8a8=dict(_W8A8, BLOCK_K=64), gemv=dict(ROWS=16, WIDTH=128, num_warps=4))
+               w8a8=dict(_W8A8, BLOCK_K=64))
 _TUNE_MIN_WEIGHTS = 1 << 20   # N * K from which a prefill GEMM is autotuned (on a GPU)
 _FLOOR = tl.constexpr(AMAX_FLOOR)
 _FMAX = tl.constexpr(FP8_MAX)
 
 
 def launch_config(plat, form: str = "gemm") -> dict:
-    """Launch choices of `form` ("gemm", "decode", "gemv", "w8a8") on platform `plat`, plus the operand mode
+    """Launch choices of `form` ("gemm", "decode", "w8a8") on platform `plat`, plus the operand mode
     that the device's capability allows (fp8_triton.mode_for / mma_mode_for)."""
     table = _INTERP if plat.triton_mode != "compiled" else LAUNCH.get(plat.name, _DEFAULT)
     cfg = dict(table[form])
@@ -243,13 +234,12 @@ def fp8_linear_triton(x, weight, weight_scale, block_size=(128, 128), **config):
         return y
     plat = platform.current()
     bn, bk = block_dims(block_size, K)
-    form = config.pop("form", "gemv" if T <= GEMV_TOKENS else "decode" if T <= DECODE_TOKENS else "gemm")
+    gemv = T <= GEMV_TOKENS and words_ok(K, block_size, weight) is None
+    form = config.pop("form", "gemv" if gemv else "decode" if T <= DECODE_TOKENS else "gemm")
+    if form == "gemv":                            # (config: the GEMV's own R, C, num_warps)
+        return fp8_gemv(x, weight, weight_scale, block_size, y, config)
     cfg = {**launch_config(plat, form), **config}
     mode = MODES[cfg.pop("mode")]
-    if form == "gemv":
-        if "ROWS" in config:                      # (a sweep's own launch, for every K)
-            cfg.pop("long", None)
-        return fp8_gemv(x, weight, weight_scale, block_size, y, cfg, mode == MODES["fn"])
     f32 = x.dtype == torch.float32 or interpreting()
     w, s = weight.view(torch.uint8), weight_scale
     common = (T, N, K, triton.next_power_of_2(T))

@@ -94,21 +94,22 @@ def test_each_gpus_decode_gives_the_same_bits(device, T):
 
 
 @interpreted
-@pytest.mark.parametrize("x_rows", [False, True], ids=["x-once", "x-rows"])
+@pytest.mark.parametrize("D,I", [(160, 72), (256, 128)], ids=["k-tail", "k-tiled"])
 @pytest.mark.parametrize("rows,block", [(8, (128, 128)), (16, (24, 32)), (8, None)],
                          ids=["uniform", "rows-straddle-blocks", "one-k-block"])
-def test_gemv_launch_forms_match_the_definition(monkeypatch, rows, block, x_rows):
-    """The one-token GEMV with its activations (x, then h) loaded once per K step or in the weight
-    tile's shape (X_ROWS, NVIDIA's form), with tiles whose rows share a scale block, straddle two, or
-    have one K block: equal to fused_experts on the dequantized weights."""
+def test_gemv_launch_forms_match_the_definition(rows, block, D, I):
+    """The one-token word GEMV (x, then h, read as 4-value words in bf16) with K steps that tile K or end
+    in a masked tail, tiles whose rows share a scale block (rows halved to fit), per-column scales inside a
+    step, or one K block, a shared-expert slot and a -1 id: equal to fused_experts on the dequantized
+    weights."""
     from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gemv
-    monkeypatch.setattr(gemv, "launch_config", lambda plat, tokens=2: dict(
-        BLOCK_I=rows, BLOCK_O=rows, BLOCK_K=32, num_warps=4, X_ROWS=x_rows))
+    launch = dict(gate_up=(rows, 128, 4), down=(rows, 64, 2))
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(8)
-        (x, gu, dn, tw, ti, gus, dns), kw = make_inputs(1, 160, 72, 6, 3, dtype, "cpu", gen, ids="shared", block=block)
+        (x, gu, dn, tw, ti, gus, dns), kw = make_inputs(1, D, I, 6, 3, dtype, "cpu", gen, ids="shared", block=block)
+        ti[0, 0] = -1
         want = BF16.reference(x.float(), dequantize_fp8(gu, gus, block), dequantize_fp8(dn, dns, block), tw, ti)
-        out = gemv.fused_experts_fp8_gemv(x, gu, dn, tw, ti, gus, dns, **kw)
+        out = gemv.fused_experts_fp8_gemv(x, gu, dn, tw, ti, gus, dns, **kw, launch=launch)
         assert_close(out, want.to(dtype), TOL[dtype], what=f"{dtype}")
 
 

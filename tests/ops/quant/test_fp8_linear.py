@@ -211,17 +211,17 @@ def test_strided_views_give_the_same_result(name, dtype, tol):
 
 
 @interpreted
-@pytest.mark.parametrize("x_rows", [False, True], ids=["x-once", "x-rows"])
+@pytest.mark.parametrize("K", [200, 256], ids=["k-tail", "k-tiled"])
 @pytest.mark.parametrize("rows,block", [(8, (128, 128)), (16, (24, 32)), (16, None)],
                          ids=["uniform", "rows-straddle-blocks", "one-k-block"])
-def test_gemv_launch_forms_match_the_definition(rows, block, x_rows):
-    """The one-token GEMV with its activations loaded once per K step or in the weight tile's shape
-    (X_ROWS, the form long rows take on NVIDIA), with tiles whose rows share a scale block, straddle
-    two, or have one K block: fp32 equal to the definition to round-off, bf16 to its rounding."""
-    wq, s = _weights(100, 200, block, seed=4)
+def test_gemv_launch_forms_match_the_definition(rows, block, K):
+    """The one-token word GEMV (fp8_gemv_triton) with K steps that tile K or end in a masked tail, tiles
+    whose rows share a scale block (rows halved to fit a 24-row block), per-column scales of 32-code blocks
+    inside a step, or one K block (per-row scales at the end): fp32 equal to the definition to round-off,
+    bf16 to its rounding; bf16 x read as 4-value words, fp32 x as elements."""
+    wq, s = _weights(100, K, block, seed=4)
     w = dequantize_fp8(wq, s, block).double()
     for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
-        x = torch.randn(1, 200, generator=_gen(6)).to(dtype)
-        out = OP.impls["triton"].callable()(x, wq, s, block, form="gemv", ROWS=rows, WIDTH=64, num_warps=4,
-                                             X_ROWS=x_rows)
+        x = torch.randn(1, K, generator=_gen(6)).to(dtype)
+        out = OP.impls["triton"].callable()(x, wq, s, block, form="gemv", R=rows, C=128, num_warps=4)
         assert_close(out, torch.nn.functional.linear(x.double(), w).to(dtype), tol, what=f"{dtype}")
