@@ -6,10 +6,9 @@ Kimi shapes (D 2304, I 1024, 256 experts, top-8, bf16) at T = 1, 4, 16 (--shared
 call, the shared expert stacked as expert 256 with a unit-weight ninth slot, at T = 1, 4, 8):
 each launch choice is checked against the native reference, then timed in a CUDA graph; the
 floor is each distinct expert's weights read once at the measured copy bandwidth. --qwen: the
-Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8). --fp8: the FP8 GEMV
-(fused_experts_fp8_gemv_triton.py, 128 x 128 block scales; its K step is 2 x BLOCK_K codes), each
-launch with and without X_ROWS (activations loaded in the weight tile's shape). bf16: --only's fifth
-field is the gate/up GEMV's X_ROWS, --down the down GEMV's own launches (each crossed with --only's).
+Qwen3.5-MoE 35B-A3B shapes instead (D 2048, I 512, 256 experts, top-8). --only's fifth field is the
+gate/up GEMV's X_ROWS, --down the down GEMV's own launches (each crossed with --only's). The FP8 GEMV
+has its own sweep: bench/ops/fp8_gemv_sweep.py.
 """
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ import torch
 
 from kernelgate import platform
 from kernelgate.ops.moe import fused_experts as fe
-from kernelgate.ops.moe import fused_experts_fp8 as fe8
-from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gv8
 from kernelgate.ops.moe import fused_experts_gemv_triton as gv
 from kernelgate.tools import benchmark
 from kernelgate.tools.testing import rel_err
@@ -43,12 +40,9 @@ def main() -> int:
     ap.add_argument("--shared", action="store_true")
     ap.add_argument("--qwen", action="store_true", help="Qwen3.5-MoE shapes (D 2048, I 512)")
     ap.add_argument("--tokens", default="", help="comma-separated T (default 1,4,16; --shared 1,4,8)")
-    ap.add_argument("--fp8", action="store_true", help="the FP8 GEMV (block 128 x 128 scales)")
     ap.add_argument("--only", default="", help="just these launches: 'BLOCK_I,BLOCK_O,BLOCK_K,warps[,X_ROWS];...'")
     ap.add_argument("--down", default="", help="bf16: the down GEMV's own launches 'DOWN_O,DOWN_K,warps,DOWN_X_ROWS;...'")
     ap.add_argument("--dispatched", action="store_true", help="just the launch dispatch makes at each T")
-    ap.add_argument("--fp8-module", default="", help="--fp8: time this module's GEMV instead (e.g. a variant "
-                    "under bench/ops/variants, on PYTHONPATH)")
     a = ap.parse_args()
     D, I = (2048, 512) if a.qwen else (2304, 1024)
     if not torch.cuda.is_available():
@@ -58,33 +52,26 @@ def main() -> int:
     bw = benchmark.copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s\n\n| T | BLOCK_I | BLOCK_O | BLOCK_K | warps | X_ROWS (bf16: + down launch) | µs | of floor |\n"
           "|---:|---:|---:|---:|---:|---|---:|---:|")
-    g8 = __import__(a.fp8_module) if a.fp8_module else gv8
-    mod, ref_fn = (g8, fe8.fused_experts_fp8_native) if a.fp8 else (gv, fe.fused_experts_native)
-    run = g8.fused_experts_fp8_gemv if a.fp8 else gv.fused_experts_gemv
+    mod, ref_fn, run = gv, fe.fused_experts_native, gv.fused_experts_gemv
     dispatched = mod.launch_config
-    one_token = getattr(mod, "FP8_ONE_TOKEN", None)
-    if one_token is not None and not a.dispatched:       # (the sweep's choice, not the table's, at T = 1)
-        mod.FP8_ONE_TOKEN = {}
     try:
         tokens = [int(t) for t in a.tokens.split(",")] if a.tokens else ((1, 4, 8) if a.shared else (1, 4, 16))
         for T in tokens:
             gen = torch.Generator(device=dev).manual_seed(0)
-            args, kw = (fe8 if a.fp8 else fe).make_inputs(T, D, I, 256, 8, torch.bfloat16, dev, gen)
+            args, kw = fe.make_inputs(T, D, I, 256, 8, torch.bfloat16, dev, gen)
             if a.shared:
                 args = with_shared(args)
-            floor_us = (fe8 if a.fp8 else fe)._bytes(args, kw) / (bw * 1e9) * 1e6
+            floor_us = fe._bytes(args, kw) / (bw * 1e9) * 1e6
             ref = ref_fn(*args, **kw)
-            default = (one_token or {}).get(platform.current().name) if T == 1 else None
-            default = default or dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
+            default = dispatched(platform.current(), T)    # (* marks the choice dispatch makes at this T)
             if a.dispatched:
                 out = run(*args, **kw)
                 us = benchmark.graph_us(lambda: run(*args, **kw), dev)
                 print(f"| {T} | {default} | | | | | {us:.1f} (err {rel_err(out, ref):.1e}) | {floor_us / us:.2f} |", flush=True)
                 continue
             grid = [tuple(int(v) for v in c.split(",")) for c in a.only.split(";")] if a.only else \
-                itertools.product((4, 8, 16), (4, 8, 16, 32), (128, 256), (4,), (0, 1)) if a.fp8 else \
                 itertools.product((4, 8, 16, 32), (8, 16, 32), (128, 256, 512), (2, 4, 8))
-            downs = [tuple(int(v) for v in c.split(",")) for c in a.down.split(";")] if a.down and not a.fp8 else [()]
+            downs = [tuple(int(v) for v in c.split(",")) for c in a.down.split(";")] if a.down else [()]
             for (bi, bo, bk, w, *flags), down in itertools.product(list(grid), downs):
                 if bi * bk > 16384 or bo * bk > 16384:
                     continue
@@ -102,8 +89,6 @@ def main() -> int:
                 print(f"| {T} | {bi} | {bo} | {bk} | {w}{star} | {flags} | {us:.1f} | {floor_us / us:.2f} |", flush=True)
     finally:
         mod.launch_config = dispatched
-        if one_token is not None:
-            mod.FP8_ONE_TOKEN = one_token
     return 0
 
 

@@ -1,0 +1,222 @@
+"""Launch sweep of the one-token FP8 GEMVs (kernelgate/ops/quant/fp8_gemv_triton.py: weight rows read
+as 4-code words, decoded in inline PTX on sm_89+, loads one K step ahead) at Kimi's and Qwen3.5-MoE's
+decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and the experts GEMV
+(gate/up and down launches), beside the launch dispatch makes.
+
+    PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot]
+
+Each launch is checked against the native reference first (bf16, and fp32 activations to 1e-6: the
+decode is exact), then timed in a CUDA graph; floors are the weight bytes (codes + scales) at the
+measured copy bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fused_experts_gemv_sweep import with_shared  # noqa: E402
+
+from kernelgate import platform  # noqa: E402
+from kernelgate.ops.moe import fused_experts_fp8 as fe8  # noqa: E402
+from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gv8  # noqa: E402
+from kernelgate.ops.moe import fused_experts_fp8_triton as ft8  # noqa: E402
+from kernelgate.ops.moe import fused_experts_triton as ft  # noqa: E402
+from kernelgate.ops.quant import fp8_linear as fl  # noqa: E402
+from kernelgate.ops.quant import fp8_gemv_triton as gt  # noqa: E402
+from kernelgate.ops.quant import fp8_linear_triton as flt  # noqa: E402
+from kernelgate.ops.quant.fp8_triton import MODES, SCALE, mode_for  # noqa: E402
+from kernelgate.tools import benchmark  # noqa: E402
+from kernelgate.tools.testing import rel_err  # noqa: E402
+
+SHAPES = {"KDA in_proj": (12576, 2304), "KDA o_proj": (2304, 4096), "MLA q_proj": (6144, 2304),
+          "MLA kv_b": (8192, 512), "GDN in_proj": (12352, 2048), "GDN out_proj": (2048, 4096)}
+
+
+def linear(dev, bw, quick):
+    grid = [(32, 256, 4), (16, 512, 4), (8, 512, 2), (32, 512, 8)] if quick else \
+        [c for c in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
+    print("| shape | launch (R, C, warps) | µs | of floor | bf16 err | fp32 err |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, (N, K) in SHAPES.items():
+        gen = torch.Generator(device=dev).manual_seed(0)
+        (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
+        ref = fl.fp8_linear_native(x, w, s, **kw)
+        ref32 = fl.fp8_linear_native(x.float(), w, s, **kw)
+        floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
+        us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s), dev)
+        print(f"| {name} | dispatched {gt.launch(platform.current())} | {us:.1f} | {floor_us / us:.2f} | "
+              f"{rel_err(flt.fp8_linear_triton(x, w, s), ref):.1e} | |", flush=True)
+        for R, C, wp in grid:
+            try:
+                err = rel_err(flt.fp8_linear_triton(x, w, s, form='gemv', R=R, C=C, num_warps=wp), ref)
+                err32 = rel_err(flt.fp8_linear_triton(x.float(), w, s, form='gemv', R=R, C=C, num_warps=wp), ref32)
+            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
+                print(f"| {name} | {R}, {C}, {wp} | ({type(e).__name__}: {str(e)[:60]}) | | | |")
+                continue
+            if err > 2e-2 or err32 > 1e-6:
+                print(f"| {name} | {R}, {C}, {wp} | wrong | | {err:.1e} | {err32:.1e} |")
+                continue
+            us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s, form='gemv', R=R, C=C, num_warps=wp), dev)
+            print(f"| {name} | {R}, {C}, {wp} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
+
+
+def experts(dev, bw, quick, qwen):
+    D, I = (2048, 512) if qwen else (2304, 1024)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
+    args = with_shared(args)
+    ref = fe8.fused_experts_fp8_native(*args, **kw)
+    args32 = (args[0].float(), *args[1:])
+    ref32 = fe8.fused_experts_fp8_native(*args32, **kw)
+    floor_us = fe8._bytes(args, kw) / (bw * 1e9) * 1e6
+    us = benchmark.graph_us(lambda: gv8.fused_experts_fp8_gemv(*args, **kw), dev)
+    print(f"\nexperts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared): floor {floor_us:.1f} µs; "
+          f"dispatched GEMV {us:.1f} µs ({floor_us / us:.2f}) at {gv8.launch_config(platform.current())}")
+    print("| gate/up (R, C, warps) | down (R, C, warps) | µs | of floor | bf16 err | fp32 err |")
+    print("|---|---|---:|---:|---:|---:|")
+
+    def trial(gu, dn):
+        kw2 = dict(kw, launch=dict(gate_up=gu, down=dn))
+        try:
+            err = rel_err(gv8.fused_experts_fp8_gemv(*args, **kw2), ref)
+            err32 = rel_err(gv8.fused_experts_fp8_gemv(*args32, **kw2), ref32)
+        except Exception as e:  # noqa: BLE001
+            print(f"| {gu} | {dn} | ({type(e).__name__}: {str(e)[:60]}) | | | |")
+            return None
+        if err > 2e-2 or err32 > 1e-6:
+            print(f"| {gu} | {dn} | wrong | | {err:.1e} | {err32:.1e} |")
+            return None
+        us = benchmark.graph_us(lambda: gv8.fused_experts_fp8_gemv(*args, **kw2), dev)
+        print(f"| {gu} | {dn} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
+        return us
+
+    launches = [(16, 256, 8), (16, 512, 8), (8, 512, 8), (16, 256, 2)] if quick else \
+        [c for c in itertools.product((8, 16, 32), (128, 256, 512), (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 128]
+    down0 = (16, 512, 4)
+    best = min(((trial(gu, down0) or 1e9), gu) for gu in launches)[1]
+    print(f"(gate/up {best}; now the down launch)")
+    for dn in launches:
+        trial(best, dn)
+
+
+# --dot: the matrix units at one token instead (fp8_linear's w8a16 tl.dot kernel with narrow column tiles and
+# deep pipelines, the grouped experts kernels on 16-row blocks): Session 30 measured them slower at every shape.
+def dot_linear_launches(quick):
+    if quick:
+        return [(32, 128, 4, 4, 1), (16, 128, 4, 4, 1), (64, 128, 4, 4, 1), (32, 128, 4, 6, 1), (32, 128, 4, 4, 2)]
+    return list(itertools.product((16, 32, 64), (128,), (2, 4), (3, 4, 6), (1, 2)))
+
+
+def dot_expert_launches(quick):
+    if quick:
+        return [(16, 128, 4, 4), (32, 128, 4, 4), (16, 128, 4, 6), (32, 128, 2, 4), (64, 128, 4, 4)]
+    return [c for c in itertools.product((16, 32, 64), (128,), (2, 4, 8), (3, 4, 6)) if not (c[2] == 8 and c[0] < 64)]
+
+
+def dot_linear(dev, bw, quick):
+    print("| shape | launch (BN, BK, warps, stages, split) | µs | of floor | err |")
+    print("|---|---|---:|---:|---:|")
+    for name, (N, K) in list(SHAPES.items())[:3]:
+        gen = torch.Generator(device=dev).manual_seed(0)
+        (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
+        ref = fl.fp8_linear_native(x, w, s, **kw)
+        floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
+        us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s), dev)
+        print(f"| {name} | dispatched GEMV | {us:.1f} | {floor_us / us:.2f} | "
+              f"{rel_err(flt.fp8_linear_triton(x, w, s), ref):.1e} |", flush=True)
+        for bn, bk, wp, st, sp in dot_linear_launches(quick):
+            cfg = dict(form="decode", split=sp, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, num_warps=wp, num_stages=st)
+            try:
+                out = flt.fp8_linear_triton(x, w, s, **cfg)
+            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
+                print(f"| {name} | {bn}, {bk}, {wp}, {st}, {sp} | ({type(e).__name__}) | | |")
+                continue
+            err = rel_err(out, ref)
+            if err > 2e-2:
+                print(f"| {name} | {bn}, {bk}, {wp}, {st}, {sp} | wrong | | {err:.1e} |")
+                continue
+            us = benchmark.graph_us(lambda: flt.fp8_linear_triton(x, w, s, **cfg), dev)
+            print(f"| {name} | {bn}, {bk}, {wp}, {st}, {sp} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
+
+
+def dot_experts(dev, bw, quick, qwen):
+    D, I = (2048, 512) if qwen else (2304, 1024)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
+    args = with_shared(args)
+    x, wgu, wdn, tw, ids, sgu, sdn = args
+    ids, tw = ids.contiguous(), tw.contiguous()
+    E, k = wdn.shape[0], ids.shape[1]
+    floor_us = fe8._bytes(args, kw) / (bw * 1e9) * 1e6
+    ref = fe8.fused_experts_fp8_native(*args, **kw)
+    us = benchmark.graph_us(lambda: gv8.fused_experts_fp8_gemv(*args, **kw), dev)
+    print(f"\nexperts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared, {k} slots): floor {floor_us:.1f} µs")
+    print(f"dispatched GEMV: {us:.1f} µs ({floor_us / us:.2f}), err {rel_err(gv8.fused_experts_fp8_gemv(*args, **kw), ref):.1e}")
+    r = ft.route(ids, E, largest_block_m=16)
+    print(f"moe_align for the grouped kernels: {benchmark.graph_us(lambda: ft.route(ids, E, 16), dev):.1f} µs; "
+          f"{r.block_expert.numel()} blocks of {r.block_m}")
+    mode = MODES[mode_for(platform.current().capability)]
+    flags = flt.operand_flags(x.dtype, False)
+    P, nb = r.pairs, r.block_expert.numel()
+    h = torch.empty(P, I, dtype=x.dtype, device=dev)
+    y = torch.empty(P, D, dtype=torch.float32, device=dev)
+    out = torch.empty(1, D, dtype=x.dtype, device=dev)
+    wgu8, wdn8 = wgu.view(torch.uint8), wdn.view(torch.uint8)
+
+    def call(bn, bk, wp, st):
+        ft8._gate_up_kernel[(nb * triton.cdiv(I, bn),)](
+            x, wgu8, sgu, h, r.sorted_pairs, r.block_expert, P, I, D, r.bucket, nb, x.stride(0), x.stride(1),
+            *wgu8.stride(), *sgu.stride(), 128, 128, 0.0, SCALE[mode], k, HAS_LIMIT=False, MODE=mode,
+            ONE_KBLOCK=False, **flags, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=0, num_warps=wp, num_stages=st)
+        ft8._down_kernel[(nb * triton.cdiv(D, bn),)](
+            h, wdn8, sdn, y, tw, r.sorted_pairs, r.block_expert, P, D, I, r.bucket, nb, *wdn8.stride(),
+            *sdn.stride(), 128, 128, SCALE[mode], MODE=mode, ONE_KBLOCK=False, **flags, BLOCK_M=16, BLOCK_N=bn,
+            BLOCK_K=bk, GROUP_M=0, num_warps=wp, num_stages=st)
+        return ft.sum_slots(y, ids, out, E)
+
+    print("| BN | BK | warps | stages | gate/up + down + sum µs | of floor | err |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for bn, bk, wp, st in dot_expert_launches(quick):
+        try:
+            got = call(bn, bk, wp, st)
+        except Exception as e:  # noqa: BLE001
+            print(f"| {bn} | {bk} | {wp} | {st} | ({type(e).__name__}) | | |")
+            continue
+        err = rel_err(got, ref)
+        if err > 2e-2:
+            print(f"| {bn} | {bk} | {wp} | {st} | wrong | | {err:.1e} |")
+            continue
+        us = benchmark.graph_us(lambda: call(bn, bk, wp, st), dev)
+        print(f"| {bn} | {bk} | {wp} | {st} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--linear", action="store_true")
+    ap.add_argument("--experts", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dot", action="store_true", help="the tl.dot forms at one token instead (matrix units)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return 1
+    dev = torch.device("cuda")
+    bw = benchmark.copy_bandwidth(dev)
+    print(f"copy bandwidth {bw:.0f} GB/s")
+    both = not (a.linear or a.experts)
+    if a.linear or both:
+        (dot_linear if a.dot else linear)(dev, bw, a.quick)
+    if a.experts or both:
+        for qwen in (False, True):
+            (dot_experts if a.dot else experts)(dev, bw, a.quick, qwen)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
