@@ -225,3 +225,19 @@ def test_gemv_launch_forms_match_the_definition(rows, block, K):
         x = torch.randn(1, K, generator=_gen(6)).to(dtype)
         out = OP.impls["triton"].callable()(x, wq, s, block, form="gemv", R=rows, C=128, num_warps=4)
         assert_close(out, torch.nn.functional.linear(x.double(), w).to(dtype), tol, what=f"{dtype}")
+
+@interpreted
+def test_gemv_reads_unaligned_and_strided_activations():
+    """The one-token GEMV reads bf16 x as 4-value words only from a contiguous, 8-byte aligned row: a row
+    2 bytes off alignment and a column-major fp32 x take element loads, with the same result."""
+    wq, s = _weights(64, 256, (128, 128), seed=5)
+    gemv = OP.impls["triton"].callable()
+    x = torch.randn(1, 256, generator=_gen(3)).to(torch.bfloat16)
+    off = torch.empty(257, dtype=torch.bfloat16)
+    off[1:] = x[0]
+    assert off[1:].data_ptr() % 8 != 0
+    assert torch.equal(gemv(off[1:].view(1, 256), wq, s), gemv(x, wq, s))
+    x32 = torch.randn(4, 256, generator=_gen(4))
+    col = x32.t().contiguous().t()[:1]                                     # stride (1, 4)
+    assert col.stride(1) != 1
+    assert_close(gemv(col, wq, s), gemv(x32[:1].contiguous(), wq, s), 1e-6, what="fp32 column-major")
