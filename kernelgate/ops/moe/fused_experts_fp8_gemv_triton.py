@@ -28,9 +28,11 @@ from .fused_experts_triton import sum_slots
 # against 53.5; T=4 187.9 against 87.6; T=8 344.9 against 133.8 (with the previous GEMV).
 MAX_TOKENS = 1
 
-# (R, C, num_warps) of the gate/up and the down kernel. NVIDIA (H200, bench/ops/fp8_gemv2_probe.py, whole op
-# with the shared expert, Session 30): Kimi 21.0 µs at gate/up (16, 256, 8) and down (16, 256, 2) -- 29.2 with
-# the previous GEMV; Qwen3.5-MoE 10.7 at (8, 512, 8) / (16, 256, 2) -- 15.8. C is capped by what tiles K.
+# (R, C, num_warps) of the gate/up and the down kernel. NVIDIA (H200, bench/ops/fp8_gemv_sweep.py, whole op
+# with the shared expert, Session 30): Kimi 21.0 µs at gate/up (16, 256, 8) -- what (16, 512, 8) becomes
+# for D = 2,304 -- and down (16, 256, 2), 29.2 with the previous GEMV; Qwen3.5-MoE 10.7 at (8, 512, 8) /
+# (16, 256, 2), 15.8 before ((16, 512, 8) and (8, 512, 8) measured 11.4 / 11.3 beside one down launch).
+# C is capped by what tiles K (fp8_gemv_triton.step).
 LAUNCH = {"cuda": dict(gate_up=(16, 512, 8), down=(16, 256, 2))}
 _DEFAULT = dict(gate_up=(16, 256, 4), down=(16, 256, 4))
 _INTERP = dict(gate_up=(16, 128, 4), down=(16, 128, 4))

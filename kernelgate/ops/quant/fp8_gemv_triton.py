@@ -19,7 +19,7 @@ end.
 Why: the previous GEMV (codes decoded one at a time, 128-256 codes per row and step, loaded in the
 step that used them) measured ~6 instructions a code in its compiled loop and waited a memory latency
 per K step; on the H200 Kimi's experts at one token took 29.2 µs (0.51 of the copy floor), this form
-21.0 (0.72), and the projections 10-35 % less (bench/ops/fp8_gemv2_probe.py, bench/RESULTS.md
+21.0 (0.72), and the projections 10-40 % less (bench/ops/fp8_gemv_sweep.py, bench/RESULTS.md
 Session 30). The step length mattered most: the same form with 128-code steps was no faster than the
 old one.
 """
@@ -58,7 +58,7 @@ _DOT4_PTX = tl.constexpr("""
 }
 """)
 
-# Launches on NVIDIA (H200, bench/ops/fp8_gemv2_probe.py, Session 30): 16-row programs of 4 warps,
+# Launches on NVIDIA (H200, bench/ops/fp8_gemv_sweep.py, Session 30): 16-row programs of 4 warps,
 # 512-code steps where K allows (else 256): KDA in_proj 12,576 x 2,304 7.1 µs (10.1 before), o_proj
 # 2,304 x 4,096 5.9 (6.5), MLA q_proj 6.8 (9.3), kv_b 2.2 (3.3), GDN in_proj 6.4 (9.1), out_proj 4.8 (6.9).
 LINEAR = {"cuda": dict(R=16, C=512, num_warps=4)}
