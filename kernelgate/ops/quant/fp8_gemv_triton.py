@@ -10,9 +10,10 @@ computes). Each word's 4 codes are decoded and dotted with their 4 activations a
     top and shifted right arithmetically by 4 is, masked, the fp32 whose value is the code's times
     2^-120 (fp8 subnormals land on fp32 subnormals), times 2^120. Exact either way; NaN codes are
     not supported.
-16-bit activations come as int64 words of four (x4), split by shifts once per thread and step and
+bf16 activations come as int64 words of four (x4), split by shifts once per thread and step and
 reused by every row the thread holds (the [W] vectors are in the slice of the tile's layout: no
-exchange through shared memory). The word sums take their scale block's scale per K step and column
+exchange through shared memory in the sm_90 loops); fp16 / fp32 ones, and bf16 rows that are not
+contiguous and 8-byte aligned, by element loads (x_words). The word sums take their scale block's scale per K step and column
 (rows of a tile inside one scale block), or, with one K block (per channel, or K <= bk), per row at the
 end.
 
