@@ -3,7 +3,11 @@ as 4-code words, decoded in inline PTX on sm_89+, loads one K step ahead) at Kim
 decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and the experts GEMV
 (gate/up and down launches), beside the launch dispatch makes.
 
-    PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot]
+    PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot] [--masked] [--bf16]
+
+--bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
+moe/fused_experts_gemv_triton.py: the same kernel structure on int64 words of 4 values). --masked: K steps
+of C codes where they do not tile K (last step masked), C up to 1,024 (Session 31: no gain for the experts).
 
 Each launch is checked against the native reference first (bf16, and fp32 activations to 1e-6: the
 decode is exact), then timed in a CUDA graph; floors are the weight bytes (codes + scales) at the
@@ -23,9 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fused_experts_gemv_sweep import with_shared  # noqa: E402
 
 from kernelgate import platform  # noqa: E402
+from kernelgate.ops.moe import fused_experts as fe  # noqa: E402
 from kernelgate.ops.moe import fused_experts_fp8 as fe8  # noqa: E402
 from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gv8  # noqa: E402
 from kernelgate.ops.moe import fused_experts_fp8_triton as ft8  # noqa: E402
+from kernelgate.ops.moe import fused_experts_gemv_triton as ge  # noqa: E402
 from kernelgate.ops.moe import fused_experts_triton as ft  # noqa: E402
 from kernelgate.ops.quant import fp8_linear as fl  # noqa: E402
 from kernelgate.ops.quant import fp8_gemv_triton as gt  # noqa: E402
@@ -38,9 +44,18 @@ SHAPES = {"KDA in_proj": (12576, 2304), "KDA o_proj": (2304, 4096), "MLA q_proj"
           "MLA kv_b": (8192, 512), "GDN in_proj": (12352, 2048), "GDN out_proj": (2048, 4096)}
 
 
+CODES = (128, 256, 512)          # codes a K step (C) the launches try
+
+
+def _masked_step(K: int, C: int) -> tuple[int, bool]:
+    """--masked: fp8_gemv_triton.step without shrinking the step until it tiles K."""
+    W = min(C // 4, triton.next_power_of_2(K // 4))
+    return W, (K // 4) % W == 0
+
+
 def linear(dev, bw, quick):
     grid = [(32, 256, 4), (16, 512, 4), (8, 512, 2), (32, 512, 8)] if quick else \
-        [c for c in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
+        [c for c in itertools.product((8, 16, 32, 64), CODES, (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
     print("| shape | launch (R, C, warps) | µs | of floor | bf16 err | fp32 err |")
     print("|---|---|---:|---:|---:|---:|")
     for name, (N, K) in SHAPES.items():
@@ -66,38 +81,46 @@ def linear(dev, bw, quick):
             print(f"| {name} | {R}, {C}, {wp} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
 
 
-def experts(dev, bw, quick, qwen):
+def experts(dev, bw, quick, qwen, bf16=False):
+    """FP8 experts (fused_experts_fp8's GEMV), or with bf16 the bf16 experts' one-token word form
+    (fused_experts_gemv_triton._one_token_words: the same kernels' structure on int64 words of 4 values)."""
     D, I = (2048, 512) if qwen else (2304, 1024)
     gen = torch.Generator(device=dev).manual_seed(0)
-    args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
+    if bf16:
+        args, kw = fe.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
+        native, gemv, cfg, nbytes = fe.fused_experts_native, ge.fused_experts_gemv, ge.words_launch, fe._bytes
+    else:
+        args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
+        native, gemv, cfg, nbytes = fe8.fused_experts_fp8_native, gv8.fused_experts_fp8_gemv, gv8.launch_config, fe8._bytes
     args = with_shared(args)
-    ref = fe8.fused_experts_fp8_native(*args, **kw)
+    ref = native(*args, **kw)
     args32 = (args[0].float(), *args[1:])
-    ref32 = fe8.fused_experts_fp8_native(*args32, **kw)
-    floor_us = fe8._bytes(args, kw) / (bw * 1e9) * 1e6
-    us = benchmark.graph_us(lambda: gv8.fused_experts_fp8_gemv(*args, **kw), dev)
-    print(f"\nexperts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared): floor {floor_us:.1f} µs; "
-          f"dispatched GEMV {us:.1f} µs ({floor_us / us:.2f}) at {gv8.launch_config(platform.current())}")
+    ref32 = native(*args32, **kw)
+    floor_us = nbytes(args, kw) / (bw * 1e9) * 1e6
+    us = benchmark.graph_us(lambda: gemv(*args, **kw), dev)
+    print(f"\n{'bf16' if bf16 else 'FP8'} experts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared): floor "
+          f"{floor_us:.1f} µs; dispatched GEMV {us:.1f} µs ({floor_us / us:.2f}) at {cfg(platform.current())}")
     print("| gate/up (R, C, warps) | down (R, C, warps) | µs | of floor | bf16 err | fp32 err |")
     print("|---|---|---:|---:|---:|---:|")
 
     def trial(gu, dn):
         kw2 = dict(kw, launch=dict(gate_up=gu, down=dn))
         try:
-            err = rel_err(gv8.fused_experts_fp8_gemv(*args, **kw2), ref)
-            err32 = rel_err(gv8.fused_experts_fp8_gemv(*args32, **kw2), ref32)
+            err = rel_err(gemv(*args, **kw2), ref)
+            err32 = rel_err(gemv(*args32, **kw2), ref32)
         except Exception as e:  # noqa: BLE001
             print(f"| {gu} | {dn} | ({type(e).__name__}: {str(e)[:60]}) | | | |")
             return None
         if err > 2e-2 or err32 > 1e-6:
             print(f"| {gu} | {dn} | wrong | | {err:.1e} | {err32:.1e} |")
             return None
-        us = benchmark.graph_us(lambda: gv8.fused_experts_fp8_gemv(*args, **kw2), dev)
+        us = benchmark.graph_us(lambda: gemv(*args, **kw2), dev)
         print(f"| {gu} | {dn} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
         return us
 
-    launches = [(16, 256, 8), (16, 512, 8), (8, 512, 8), (16, 256, 2)] if quick else \
-        [c for c in itertools.product((8, 16, 32), (128, 256, 512), (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 128]
+    launches = ([(8, 256, 8), (16, 256, 8), (8, 512, 8), (16, 512, 8), (8, 256, 4), (16, 256, 4)] if bf16 else
+                [(16, 256, 8), (16, 512, 8), (8, 512, 8), (16, 256, 2)]) if quick else \
+        [c for c in itertools.product((8, 16, 32), CODES, (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 128]
     down0 = (16, 512, 4)
     best = min(((trial(gu, down0) or 1e9), gu) for gu in launches)[1]
     print(f"(gate/up {best}; now the down launch)")
@@ -202,7 +225,14 @@ def main() -> int:
     ap.add_argument("--experts", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dot", action="store_true", help="the tl.dot forms at one token instead (matrix units)")
+    ap.add_argument("--bf16", action="store_true", help="experts: the bf16 one-token word GEMV instead of FP8")
+    ap.add_argument("--masked", action="store_true",
+                    help="K steps of C codes even where they do not tile K (the last step masked), and C up to 1024")
     a = ap.parse_args()
+    if a.masked:
+        global CODES
+        CODES = (256, 512, 1024)
+        gt.step = gv8.step = _masked_step
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 1
@@ -214,7 +244,10 @@ def main() -> int:
         (dot_linear if a.dot else linear)(dev, bw, a.quick)
     if a.experts or both:
         for qwen in (False, True):
-            (dot_experts if a.dot else experts)(dev, bw, a.quick, qwen)
+            if a.dot:
+                dot_experts(dev, bw, a.quick, qwen)
+            else:
+                experts(dev, bw, a.quick, qwen, a.bf16)
     return 0
 
 

@@ -251,4 +251,5 @@ fused_experts.implementation(
     "triton_gemv", ".fused_experts_gemv_triton:fused_experts_gemv", provider="triton",
     platforms=GPU_TRITON, dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",),
     supports=_gemv_supports, priority=20,
-    doc="portable Triton GEMV for decode (T <= 8): each pair streams its expert's rows once, SwiGLU fused")
+    doc="portable Triton GEMV for decode (T <= 8): each pair streams its expert's rows once, SwiGLU fused; "
+        "one token on bf16 weights reads rows as 4-value words")

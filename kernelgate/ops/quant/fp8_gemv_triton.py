@@ -13,9 +13,11 @@ computes). Each word's 4 codes are decoded and dotted with their 4 activations a
 bf16 activations come as int64 words of four (x4), split by shifts once per thread and step and
 reused by every row the thread holds (the [W] vectors are in the slice of the tile's layout: no
 exchange through shared memory in the sm_90 loops); fp16 / fp32 ones, and bf16 rows that are not
-contiguous and 8-byte aligned, by element loads (x_words). The word sums take their scale block's scale per K step and column
-(rows of a tile inside one scale block), or, with one K block (per channel, or K <= bk), per row at the
-end.
+contiguous and 8-byte aligned, by element loads (x_words). The word sums take their scale block's
+scale per K step and column (rows of a tile inside one scale block), or, with one K block (per
+channel, or K <= bk), per row at the end. The bf16 experts GEMV at one token
+(moe/fused_experts_gemv_triton.py) walks bf16 rows the same way, as int64 words of 4 values that
+dot4 splits by shifts and masks (exact), with no scales.
 
 Why: the previous GEMV (codes decoded one at a time, 128-256 codes per row and step, loaded in the
 step that used them) measured ~6 instructions a code in its compiled loop and waited a memory latency
@@ -62,7 +64,9 @@ _DOT4_PTX = tl.constexpr("""
 # Launches on NVIDIA (H200, bench/ops/fp8_gemv_sweep.py, Session 30): 16-row programs of 4 warps,
 # 512-code steps where K allows (else 256): KDA in_proj 12,576 x 2,304 7.1 µs (10.1 before), o_proj
 # 2,304 x 4,096 5.9 (6.5), MLA q_proj 6.8 (9.3), kv_b 2.2 (3.3), GDN in_proj 6.4 (9.1), out_proj 4.8 (6.9).
-LINEAR = {"cuda": dict(R=16, C=512, num_warps=4)}
+# From K = 4,096 on, 1,024-code steps (Session 31, `--masked` sweep): KDA o_proj 6.3 -> 4.4 µs, GDN out_proj
+# 5.4 -> 4.4; at K = 2,048 they were slower (GDN in_proj 7.0 -> 8.4: two steps leave the load-ahead little to hide).
+LINEAR = {"cuda": dict(R=16, C=512, num_warps=4, WIDE=(4096, 1024))}
 _LINEAR_DEFAULT = dict(R=16, C=256, num_warps=4)
 _INTERP = dict(R=16, C=128, num_warps=4)
 
@@ -123,8 +127,14 @@ def _code_f32(w, SHIFT: tl.constexpr):
 
 @triton.jit
 def dot4(w, x0, x1, x2, x3, PTX: tl.constexpr):
-    """sum_b code_b(w) * x_b over the 4 codes of each int32 word w (byte b: K offset 4i + b)."""
-    if PTX:
+    """sum_b code_b(w) * x_b over the 4 codes of each int32 word w (byte b: K offset 4i + b); for int64
+    words, the 4 bf16 values of each (value b: bits 16b..16b+15), moved to the top of an fp32 exactly."""
+    if w.dtype == tl.int64:
+        lo = w.to(tl.int32)
+        hi = (w >> 32).to(tl.int32)
+        t = (lo << 16).to(tl.float32, bitcast=True) * x0 + (lo & -65536).to(tl.float32, bitcast=True) * x1
+        t = t + (hi << 16).to(tl.float32, bitcast=True) * x2 + (hi & -65536).to(tl.float32, bitcast=True) * x3
+    elif PTX:
         t = tl.inline_asm_elementwise(_DOT4_PTX, "=f,r,f,f,f,f", [w, x0, x1, x2, x3], dtype=tl.float32,
                                       is_pure=True, pack=1)
     else:
@@ -291,15 +301,20 @@ def launch(plat) -> dict:
 
 
 def fp8_gemv(x, weight, weight_scale, block_size, y, cfg: dict | None = None):
-    """y [1, N] = x [1, K] @ dequant(weight).T (words_ok holds); cfg: R, C, num_warps (launch() by default)."""
+    """y [1, N] = x [1, K] @ dequant(weight).T (words_ok holds); cfg: R, C, num_warps (launch() by default;
+    WIDE = (min K, C) a longer step from that K on)."""
     K = x.shape[1]
     N = weight.shape[0]
     plat = platform.current()
-    cfg = {**launch(plat), **(cfg or {})}
+    base = launch(plat)
+    if cfg and "C" in cfg:
+        base.pop("WIDE", None)                                  # an explicit step length holds at every K
+    cfg = {**base, **(cfg or {})}
     bn, bk = block_dims(block_size, K)
     one_kblock = triton.cdiv(K, bk) == 1
     R = rows_per_program(cfg["R"], one_kblock, bn)
-    W, even = step(K, cfg["C"])
+    min_k, wide_c = cfg.get("WIDE", (0, cfg["C"]))            # (K from which the steps take wide_c codes)
+    W, even = step(K, wide_c if K >= min_k else cfg["C"])
     w = weight.view(torch.uint8).view(torch.int32)
     xw, words = x_words(x[0])
     _gemv_kernel[(triton.cdiv(N, R),)](

@@ -182,6 +182,29 @@ def test_gemv_launch_forms_match_hf(monkeypatch, T, x_rows, down_x_rows):
         assert_close(gemv.fused_experts_gemv(*args, **kw), OP.reference(*args, **kw), TOL[dtype], what=f"{dtype}")
 
 
+@pytest.mark.skipif(not platform.interpreting(), reason="runs under TRITON_INTERPRET=1 only")
+@pytest.mark.parametrize("D,I", [(160, 72), (256, 128)], ids=["k-tail", "k-tiled"])
+@pytest.mark.parametrize("rows", [8, 16])
+def test_one_token_word_gemv_matches_the_reference(rows, D, I):
+    """One token on bf16 weights read as 4-value words (K steps that tile K or end in a masked tail), x
+    in bf16 (words) and fp32 (element loads), a -1 id, an id past E and a swiglu limit: equal to the
+    reference; weight rows that are not whole 8-byte words take the other GEMV, equal too."""
+    from kernelgate.ops.moe import fused_experts_gemv_triton as gemv
+    launch = dict(gate_up=(rows, 128, 4), down=(rows, 64, 2))
+    for x_dtype, limit in ((torch.bfloat16, None), (torch.float32, 0.5)):
+        (x, gu, dn, tw, ti), kw = make_inputs(1, D, I, 6, 4, torch.bfloat16, "cpu", torch.Generator().manual_seed(rows),
+                                              limit=limit)
+        x = x.to(x_dtype)
+        ti[0, 1], ti[0, 3] = -1, 6
+        assert gemv._as_words(gu) is not None and gemv._as_words(dn) is not None
+        want = OP.reference(x.float(), gu.float(), dn.float(), tw, ti, **kw)
+        assert_close(gemv.fused_experts_gemv(x, gu, dn, tw, ti, **kw, launch=launch), want.to(x_dtype),
+                     TOL[x_dtype] if x_dtype == torch.float32 else 2e-2, what=f"{x_dtype}")
+    odd = torch.zeros(6, D, I + 2, dtype=torch.bfloat16)[:, :, :I].copy_(dn)       # rows of I + 2 values
+    assert gemv._as_words(odd) is None
+    assert_close(gemv.fused_experts_gemv(x, gu, odd, tw, ti, **kw), want.to(x.dtype), TOL[torch.float32], what="odd rows")
+
+
 @triton_here
 @pytest.mark.parametrize("T,impl", [(3, "triton_gemv"), (9, "triton")])
 def test_simulated_xpu_dispatches_to_triton(T, impl):
