@@ -6,7 +6,7 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
     PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot] [--masked] [--bf16]
 
 --bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
-moe/fused_experts_gemv_triton.py: the same kernel structure on int64 words of 4 values). --masked: K steps
+moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps
 of C codes where they do not tile K (last step masked), C up to 1,024 (Session 31: no gain for the experts).
 
 Each launch is checked against the native reference first (bf16, and fp32 activations to 1e-6: the
@@ -29,7 +29,7 @@ from fused_experts_gemv_sweep import with_shared  # noqa: E402
 from kernelgate import platform  # noqa: E402
 from kernelgate.ops.moe import fused_experts as fe  # noqa: E402
 from kernelgate.ops.moe import fused_experts_fp8 as fe8  # noqa: E402
-from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gv8  # noqa: E402
+from kernelgate.ops.moe import fused_experts_words_triton as gv8  # noqa: E402
 from kernelgate.ops.moe import fused_experts_fp8_triton as ft8  # noqa: E402
 from kernelgate.ops.moe import fused_experts_gemv_triton as ge  # noqa: E402
 from kernelgate.ops.moe import fused_experts_triton as ft  # noqa: E402
@@ -83,12 +83,12 @@ def linear(dev, bw, quick):
 
 def experts(dev, bw, quick, qwen, bf16=False):
     """FP8 experts (fused_experts_fp8's GEMV), or with bf16 the bf16 experts' one-token word form
-    (fused_experts_gemv_triton._one_token_words: the same kernels' structure on int64 words of 4 values)."""
+    (fused_experts_words_triton: the FP8 GEMV's kernels on int64 words of 4 values)."""
     D, I = (2048, 512) if qwen else (2304, 1024)
     gen = torch.Generator(device=dev).manual_seed(0)
     if bf16:
         args, kw = fe.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
-        native, gemv, cfg, nbytes = fe.fused_experts_native, ge.fused_experts_gemv, ge.words_launch, fe._bytes
+        native, gemv, cfg, nbytes = fe.fused_experts_native, ge.fused_experts_gemv, lambda plat: gv8.launch_config(plat, fp8=False), fe._bytes
     else:
         args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
         native, gemv, cfg, nbytes = fe8.fused_experts_fp8_native, gv8.fused_experts_fp8_gemv, gv8.launch_config, fe8._bytes

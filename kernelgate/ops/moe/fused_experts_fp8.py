@@ -11,7 +11,7 @@ same routing (ids outside [0, E) skipped, a stacked shared expert is just expert
 SwiGLU, swiglu_limit and fp32 math (fused_experts.py). The gate|up scale grid covers the fused [2I, D]
 tensor: stacking separately quantized gate_proj / up_proj scales needs I % bn == 0 (every real model).
 Implementations read the codes and apply the scales in the kernel (never a dequantized copy):
-`triton` (grouped GEMM on expert-sorted pairs) and `triton_gemv` (one token: fused_experts_fp8_gemv_triton.py
+`triton` (grouped GEMM on expert-sorted pairs) and `triton_gemv` (one token: fused_experts_words_triton.py
 says why not more).
 
 Why an op of its own and not scale arguments on fused_experts: the weight format is fixed when a model
@@ -70,7 +70,7 @@ def _triton_supports(x, w_gate_up, w_down, topk_weights, topk_ids, w_gate_up_sca
 
 def _gemv_fp8_supports(x, w_gate_up, w_down, *args, **kwargs):
     from ..quant.fp8_gemv_triton import words_ok
-    from .fused_experts_fp8_gemv_triton import MAX_TOKENS
+    from .fused_experts_words_triton import MAX_TOKENS
     if x.shape[0] > MAX_TOKENS:
         return (f"T={x.shape[0]} tokens: the FP8 GEMV is for one token (from {MAX_TOKENS + 1} the grouped GEMM reads "
                 "the FP8 experts faster)")
@@ -160,7 +160,7 @@ fused_experts_fp8.implementation(
     priority=10, doc="portable Triton grouped GEMM on fp8 experts: codes decoded in registers, scales per K tile")
 
 fused_experts_fp8.implementation(
-    "triton_gemv", ".fused_experts_fp8_gemv_triton:fused_experts_fp8_gemv", provider="triton", platforms=GPU_TRITON,
+    "triton_gemv", ".fused_experts_words_triton:fused_experts_fp8_gemv", provider="triton", platforms=GPU_TRITON,
     dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=("triton",), supports=_gemv_fp8_supports,
     priority=20,
     doc="portable Triton GEMV on fp8 experts for one token: each pair streams its expert's bytes once")

@@ -18,12 +18,8 @@ so the sum over slots needs no third launch (H200, one token, bench/RESULTS.md S
 nothing and contributes zeros. Strides of every input are honoured (views are fine).
 
 One token on bf16 weights whose rows are whole 8-byte words (every checkpoint's layout) takes the FP8
-GEMV's form instead (quant/fp8_gemv_triton.py): rows read as int64 words of 4 values, K steps of
-256-512 values loaded one step ahead, a program per (slot, rows) in both kernels, then sum_slots:
-
-    _gate_up_words_kernel  grid (k, I / R):  h[j, i] = swiglu(gate[e_j] x, up[e_j] x)     [k, I] x's dtype
-    _down_words_kernel     grid (k, D / R):  y[j, o] = w_j * down[e_j][o, :] . h[j, :]    [k, D] fp32
-    sum_slots              (fused_experts_triton)  out = sum_j y[j]                        [1, D] x dtype
+GEMV's kernels instead (fused_experts_words_triton.py): rows read as int64 words of 4 values, K steps
+of 256 values loaded one step ahead, a program per (slot, rows), then the sum over slots.
 """
 from __future__ import annotations
 
@@ -33,8 +29,8 @@ import triton.language as tl
 
 from ... import alloc, platform
 from ..common.pdl import inputs_ready, pdl_args
-from ..quant.fp8_gemv_triton import row_tile, rows_dot, rows_dot2, rows_of, step, x_words
-from .fused_experts_triton import sum_slots
+from ..quant.fp8_gemv_triton import rows_of
+from .fused_experts_words_triton import bf16_words, fused_experts_bf16_words
 
 # Up to this many tokens the GEMV streams each hit expert's bytes faster than the grouped GEMM, whose
 # 16-row MMA tiles are mostly padding at a few tokens; by 16 tokens the MMA form reads each expert as
@@ -65,29 +61,6 @@ LAUNCH = {
 # another: twice the threads keep twice the loads in flight; whole op, same call, PDL on): Qwen 24.1 ->
 # 21.9 µs, Kimi 42.4 -> 40.4 (bench/ops/fused_experts_gemv_sweep.py --shared [--qwen] --down).
 ONE_TOKEN = {"cuda": dict(BLOCK_I=8, BLOCK_O=16, BLOCK_K=128, num_warps=8, **{**_DOWN_CUDA, "DOWN_WARPS": 8})}
-
-
-# One token on bf16 weights read as int64 words of 4 values (the FP8 GEMV's form, quant/fp8_gemv_triton.py:
-# K steps of C values loaded one step ahead, rows_dot2 / rows_dot), one slot's expert per program row,
-# then sum_slots: (R, C, num_warps) of the gate/up and the down kernel. H200, whole op with the shared
-# expert, CUDA graphs (bench/ops/fp8_gemv_sweep.py --experts --bf16, bench/RESULTS.md Session 31): Kimi
-# 40.1 -> 35.9 µs, Qwen3.5-MoE 21.6 -> 18.4; at full depth bf16 B1 403.3 -> 407.4 tok/s, same call.
-WORDS_LAUNCH = {"cuda": dict(gate_up=(8, 256, 8), down=(16, 256, 8))}
-_WORDS_DEFAULT = dict(gate_up=(16, 256, 4), down=(16, 256, 4))
-_WORDS_INTERP = dict(gate_up=(16, 128, 4), down=(16, 128, 4))
-
-
-def words_launch(plat) -> dict:
-    return _WORDS_INTERP if plat.triton_mode != "compiled" else WORDS_LAUNCH.get(plat.name, _WORDS_DEFAULT)
-
-
-def _as_words(w: torch.Tensor) -> torch.Tensor | None:
-    """The int64 view of bf16 weights [.., rows, K] (4 values a word), or None where rows are not whole
-    8-byte aligned words of contiguous values."""
-    if w.dtype != torch.bfloat16 or w.shape[-1] % 4 or w.stride(-1) != 1 or w.data_ptr() % 8 \
-            or any(st % 4 for st in w.stride()[:-1]):
-        return None
-    return w.view(torch.int64)
 
 
 def launch_config(plat, tokens: int = 2) -> dict:
@@ -159,68 +132,6 @@ def _down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, D, I, E, TOPK, swe, swr
     tl.store(out_ptr + t * sot + o, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=o_ok)
 
 
-@triton.jit
-def _gate_up_words_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, I, KW, E, sxd, swe, swr, limit, HAS_LIMIT: tl.constexpr,
-                          R: tl.constexpr, W: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
-                          PDL: tl.constexpr):
-    # one token: h[j, i0 .. i0 + R) of slot j; KW, W in words (4 values)
-    j = tl.program_id(0)
-    i0 = tl.program_id(1) * R
-    inputs_ready(PDL)
-    e = tl.load(ids_ptr + j).to(tl.int64)
-    valid = (e >= 0) & (e < E)
-    w_e = w_ptr + tl.where(valid, e, 0) * swe
-    g_tiles, rows = row_tile(w_e, i0, I, swr, R, W)
-    u_tiles, _ = row_tile(w_e + I * swr, i0, I, swr, R, W)
-    g, u = rows_dot2(g_tiles, u_tiles, x_ptr, x_ptr, x_ptr, KW, sxd, 0, 1, R, W, True, EVEN, False, WORDS)
-    if HAS_LIMIT:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    h = tl.where(valid, g * tl.sigmoid(g) * u, 0.0)
-    tl.store(h_ptr + j * I + rows, h.to(h_ptr.dtype.element_ty), mask=rows < I)
-
-
-@triton.jit
-def _down_words_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, D, KW, E, shj, swe, swr, stw, R: tl.constexpr,
-                       W: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr, PDL: tl.constexpr):
-    # one token: y[j, o0 .. o0 + R) = w_j * down[e_j] h[j] (fp32; sum_slots adds the slots)
-    j = tl.program_id(0)
-    o0 = tl.program_id(1) * R
-    inputs_ready(PDL)
-    e = tl.load(ids_ptr + j).to(tl.int64)
-    valid = (e >= 0) & (e < E)
-    tiles, rows = row_tile(w_ptr + tl.where(valid, e, 0) * swe, o0, D, swr, R, W)
-    y = rows_dot(tiles, h_ptr, h_ptr + j * shj, KW, 1, 0, 1, R, W, True, EVEN, False, WORDS, False)
-    y = tl.where(valid, y * tl.load(tw_ptr + j * stw), 0.0)
-    tl.store(y_ptr + j * D + rows, y, mask=rows < D)
-
-
-def _one_token_words(x, wgu, wdn, topk_weights, topk_ids, swiglu_limit, out, launch=None):
-    """fused_experts at T = 1 on the int64 word views of bf16 weights (_as_words); `launch`: gate_up / down
-    (R, C, num_warps) overrides."""
-    D = x.shape[1]
-    E, I = wdn.shape[0], wdn.shape[2] * 4
-    k = topk_ids.shape[1]
-    cfg = {**words_launch(platform.current()), **(launch or {})}
-    ids, tw = topk_ids[0].contiguous(), topk_weights[0]
-    h = alloc.empty((k, I), torch.float32 if x.dtype == torch.float32 else x.dtype, x.device)
-    y = alloc.empty((k, D), torch.float32, x.device)
-    xw, x_is_words = x_words(x[0])
-    R, C, warps = cfg["gate_up"]
-    W, even = step(D, C)
-    _gate_up_words_kernel[(k, triton.cdiv(I, R))](
-        xw, wgu, ids, h, I, D // 4, E, x.stride(1), wgu.stride(0), wgu.stride(1),
-        float(swiglu_limit) if swiglu_limit is not None else 0.0, HAS_LIMIT=swiglu_limit is not None,
-        R=R, W=W, EVEN=even, WORDS=x_is_words, num_warps=warps, **pdl_args())
-    hw, h_is_words = x_words(h)
-    R, C, warps = cfg["down"]
-    W, even = step(I, C)
-    _down_words_kernel[(k, triton.cdiv(D, R))](
-        hw, wdn, ids, tw, y, D, I // 4, E, hw.stride(0), wdn.stride(0), wdn.stride(1), tw.stride(0),
-        R=R, W=W, EVEN=even, WORDS=h_is_words, num_warps=warps, **pdl_args())
-    return sum_slots(y, topk_ids.contiguous(), out, E)
-
-
 def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu", swiglu_limit=None,
                        launch=None):
     """`launch`: the one-token word form's gate_up / down (R, C, num_warps) overrides (bench sweeps)."""
@@ -230,10 +141,10 @@ def fused_experts_gemv(x, w_gate_up, w_down, topk_weights, topk_ids, activation=
     out = alloc.empty((T, D), x.dtype, x.device)
     if T == 0:
         return out
-    if T == 1 and D % 4 == 0:
-        wgu, wdn = _as_words(w_gate_up), _as_words(w_down)
+    if T == 1:
+        wgu, wdn = bf16_words(w_gate_up), bf16_words(w_down)
         if wgu is not None and wdn is not None:
-            return _one_token_words(x, wgu, wdn, topk_weights, topk_ids, swiglu_limit, out, launch)
+            return fused_experts_bf16_words(x, wgu, wdn, topk_weights, topk_ids, out, swiglu_limit, launch)
     cfg = launch_config(platform.current(), T)
     P = T * k
     h = alloc.empty((P, I), torch.float32 if x.dtype == torch.float32 else x.dtype, x.device)

@@ -1,5 +1,5 @@
 """One-token GEMV pieces on FP8 e4m3fn weight rows, shared by fp8_linear's one-token form (here) and the
-experts GEMV (moe/fused_experts_fp8_gemv_triton.py).
+experts GEMV (moe/fused_experts_words_triton.py).
 
 The weight rows are read as int32 words of 4 codes: a program owns R rows and walks K in steps of W
 words, the tile [R, W] loaded one step ahead (the loads of step i + 1 are in flight while step i
@@ -15,8 +15,8 @@ reused by every row the thread holds (the [W] vectors are in the slice of the ti
 exchange through shared memory in the sm_90 loops); fp16 / fp32 ones, and bf16 rows that are not
 contiguous and 8-byte aligned, by element loads (x_words). The word sums take their scale block's
 scale per K step and column (rows of a tile inside one scale block), or, with one K block (per
-channel, or K <= bk), per row at the end. The bf16 experts GEMV at one token
-(moe/fused_experts_gemv_triton.py) walks bf16 rows the same way, as int64 words of 4 values that
+channel, or K <= bk), per row at the end. The experts GEMV at one token
+(moe/fused_experts_words_triton.py) walks bf16 rows the same way, as int64 words of 4 values that
 dot4 splits by shifts and masks (exact), with no scales.
 
 Why: the previous GEMV (codes decoded one at a time, 128-256 codes per row and step, loaded in the

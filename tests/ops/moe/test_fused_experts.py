@@ -190,18 +190,19 @@ def test_one_token_word_gemv_matches_the_reference(rows, D, I):
     in bf16 (words) and fp32 (element loads), a -1 id, an id past E and a swiglu limit: equal to the
     reference; weight rows that are not whole 8-byte words take the other GEMV, equal too."""
     from kernelgate.ops.moe import fused_experts_gemv_triton as gemv
+    from kernelgate.ops.moe import fused_experts_words_triton as words
     launch = dict(gate_up=(rows, 128, 4), down=(rows, 64, 2))
     for x_dtype, limit in ((torch.bfloat16, None), (torch.float32, 0.5)):
         (x, gu, dn, tw, ti), kw = make_inputs(1, D, I, 6, 4, torch.bfloat16, "cpu", torch.Generator().manual_seed(rows),
                                               limit=limit)
         x = x.to(x_dtype)
         ti[0, 1], ti[0, 3] = -1, 6
-        assert gemv._as_words(gu) is not None and gemv._as_words(dn) is not None
+        assert words.bf16_words(gu) is not None and words.bf16_words(dn) is not None
         want = OP.reference(x.float(), gu.float(), dn.float(), tw, ti, **kw)
         assert_close(gemv.fused_experts_gemv(x, gu, dn, tw, ti, **kw, launch=launch), want.to(x_dtype),
                      TOL[x_dtype] if x_dtype == torch.float32 else 2e-2, what=f"{x_dtype}")
     odd = torch.zeros(6, D, I + 2, dtype=torch.bfloat16)[:, :, :I].copy_(dn)       # rows of I + 2 values
-    assert gemv._as_words(odd) is None
+    assert words.bf16_words(odd) is None
     assert_close(gemv.fused_experts_gemv(x, gu, odd, tw, ti, **kw), want.to(x.dtype), TOL[torch.float32], what="odd rows")
 
 

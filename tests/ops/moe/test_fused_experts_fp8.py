@@ -102,7 +102,7 @@ def test_gemv_launch_forms_match_the_definition(rows, block, D, I):
     in a masked tail, tiles whose rows share a scale block (rows halved to fit), per-column scales inside a
     step, or one K block, a shared-expert slot and a -1 id: equal to fused_experts on the dequantized
     weights."""
-    from kernelgate.ops.moe import fused_experts_fp8_gemv_triton as gemv
+    from kernelgate.ops.moe import fused_experts_words_triton as gemv
     launch = dict(gate_up=(rows, 128, 4), down=(rows, 64, 2))
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(8)
