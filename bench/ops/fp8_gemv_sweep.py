@@ -7,7 +7,7 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
 
 --bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
 moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps
-of C codes where they do not tile K (last step masked), C up to 1,024 (Session 31: no gain for the experts).
+of C codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no gain for the experts).
 
 Each launch is checked against the native reference first (bf16, and fp32 activations to 1e-6: the
 decode is exact), then timed in a CUDA graph, each call reading weights that are not in the L2 cache (the
@@ -63,12 +63,14 @@ def cold_us(fn, variants, dev, **kw):
     return benchmark.graph_us(lambda: fn(*next(it), **kw), dev)
 
 
-def linear(dev, bw, quick):
+def linear(dev, bw, quick, shapes=None):
     grid = [(32, 256, 4), (16, 512, 4), (8, 512, 2), (32, 512, 8)] if quick else \
         [c for c in itertools.product((8, 16, 32, 64), CODES, (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
     print("| shape | launch (R, C, warps) | µs | of floor | bf16 err | fp32 err |")
     print("|---|---|---:|---:|---:|---:|")
     for name, (N, K) in SHAPES.items():
+        if shapes and name not in shapes:
+            continue
         gen = torch.Generator(device=dev).manual_seed(0)
         (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
         ref = fl.fp8_linear_native(x, w, s, **kw)
@@ -241,13 +243,14 @@ def main() -> int:
     ap.add_argument("--experts", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dot", action="store_true", help="the tl.dot forms at one token instead (matrix units)")
+    ap.add_argument("--shapes", default="", help="--linear: comma-separated names of SHAPES (default: all)")
     ap.add_argument("--bf16", action="store_true", help="experts: the bf16 one-token word GEMV instead of FP8")
     ap.add_argument("--masked", action="store_true",
-                    help="K steps of C codes even where they do not tile K (the last step masked), and C up to 1024")
+                    help="K steps of C codes even where they do not tile K (the last step masked), and C up to 2048")
     a = ap.parse_args()
     if a.masked:
         global CODES
-        CODES = (256, 512, 1024)
+        CODES = (256, 512, 1024, 2048)
         gt.step = gv8.step = _masked_step
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -257,7 +260,10 @@ def main() -> int:
     print(f"copy bandwidth {bw:.0f} GB/s")
     both = not (a.linear or a.experts)
     if a.linear or both:
-        (dot_linear if a.dot else linear)(dev, bw, a.quick)
+        if a.dot:
+            dot_linear(dev, bw, a.quick)
+        else:
+            linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()])
     if a.experts or both:
         for qwen in (False, True):
             if a.dot:
