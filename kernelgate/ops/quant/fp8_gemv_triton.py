@@ -66,6 +66,8 @@ _DOT4_PTX = tl.constexpr("""
 # 2,304 x 4,096 5.9 (6.5), MLA q_proj 6.8 (9.3), kv_b 2.2 (3.3), GDN in_proj 6.4 (9.1), out_proj 4.8 (6.9).
 # From K = 4,096 on, 1,024-code steps (Session 31, `--masked` sweep): KDA o_proj 6.3 -> 4.4 µs, GDN out_proj
 # 5.4 -> 4.4; at K = 2,048 they were slower (GDN in_proj 7.0 -> 8.4: two steps leave the load-ahead little to hide).
+# (Both sweeps timed one weight call after call, so it stayed in the L2: a decode step reads these weights
+# from HBM, where longer steps -- more bytes in flight -- may win more; bench/RESULTS.md Session 31.)
 LINEAR = {"cuda": dict(R=16, C=512, num_warps=4, WIDE=(4096, 1024))}
 _LINEAR_DEFAULT = dict(R=16, C=256, num_warps=4)
 _INTERP = dict(R=16, C=128, num_warps=4)
