@@ -86,3 +86,23 @@ def build_model(cls, config, device, dtype, seed: int | None, par: Parallel, qua
         with torch.no_grad():
             random_weights(model, seed)
     return model.eval()
+
+
+def shared_recipes(name: str, shape: tuple, c, expert_leaf) -> list:
+    """The checkpoint recipes (models/loader.py's format) every family ends with: stacked experts
+    ([E, 2I, D] gate | up, [E, D, I] down) from one tensor per expert and projection, named by
+    expert_leaf(e, "gate" | "up" | "down"); a dense MLP's gate | up from its gate and up; a tied LM
+    head from the embeddings; else the parameter's own name."""
+    if name.endswith("experts.gate_up_proj"):
+        base, I = name[: -len("gate_up_proj")], shape[1] // 2
+        return [[(name, ())], [(base + expert_leaf(e, w), (e, slice(j * I, (j + 1) * I)))
+                               for e in range(c.num_experts) for j, w in enumerate(("gate", "up"))]]
+    if name.endswith("experts.down_proj"):
+        base = name[: -len("down_proj")]
+        return [[(name, ())], [(base + expert_leaf(e, "down"), (e,)) for e in range(c.num_experts)]]
+    if name.endswith("gate_up_proj.weight"):
+        base, I = name[: -len("gate_up_proj.weight")], shape[0] // 2
+        return [[(name, ())], [(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
+    if name == "lm_head.weight" and c.tie_word_embeddings:
+        return [[(name, ())], [("model.embed_tokens.weight", ())]]
+    return [[(name, ())]]

@@ -116,21 +116,12 @@ class KimiLinearConfig:
             raise KernelgateError(f"config: hidden_act {self.hidden_act!r} is not supported (only 'silu')")
         if self.conv_kernel_size < 2:
             raise KernelgateError(f"config: short_conv_kernel_size must be >= 2, got {self.conv_kernel_size}")
-        bad = [(i, t) for i, t in enumerate(self.eos_token_ids) if not _is_int(t) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise KernelgateError(f"config: eos_token_id must be int token ids in [0, {self.vocab_size}), "
-                                  f"got {_short(self.eos_token_ids, bad)}")
+        check_eos(self)
 
     def _check_types(self) -> None:
-        for name in _POSITIVE_INTS:
-            v = getattr(self, name)
-            if not _is_int(v) or not 1 <= v <= MAX_SIZE:
-                raise KernelgateError(f"config: {name} must be an int in [1, {MAX_SIZE}], got {type(v).__name__} {v!r}")
+        check_ints(self, _POSITIVE_INTS)
         _check_layers(self.num_hidden_layers)
-        for name in ("qk_rope_head_dim", "num_shared_experts"):
-            v = getattr(self, name)
-            if not _is_int(v) or not 0 <= v <= MAX_SIZE:
-                raise KernelgateError(f"config: {name} must be an int in [0, {MAX_SIZE}], got {type(v).__name__} {v!r}")
+        check_ints(self, ("qk_rope_head_dim", "num_shared_experts"), low=0)
         if self.q_lora_rank is not None and (not _is_int(self.q_lora_rank) or not 1 <= self.q_lora_rank <= MAX_SIZE):
             raise KernelgateError(f"config: q_lora_rank must be null or an int in [1, {MAX_SIZE}], "
                                   f"got {self.q_lora_rank!r}")
@@ -198,16 +189,7 @@ class KimiLinearConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "KimiLinearConfig":
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            raise KernelgateError(f"load_model: no config.json at {path}")
-        try:
-            d = json.loads(path.read_text())
-        except (UnicodeDecodeError, ValueError) as e:
-            raise KernelgateError(f"load_model: {path} is not JSON ({e})") from None
-        return cls.from_dict(d)
+        return cls.from_dict(config_json(path)[1])
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -243,6 +225,22 @@ def _short(v: list, bad: list) -> str:
 def _check_layers(n) -> None:
     if not _is_int(n) or not 1 <= n <= MAX_LAYERS:
         raise KernelgateError(f"config: num_hidden_layers must be an int in [1, {MAX_LAYERS}], got {type(n).__name__} {n!r}")
+
+
+def check_ints(cfg, names: tuple, low: int = 1) -> None:
+    """Each of `names` an int in [low, MAX_SIZE]."""
+    for name in names:
+        v = getattr(cfg, name)
+        if not _is_int(v) or not low <= v <= MAX_SIZE:
+            raise KernelgateError(f"config: {name} must be an int in [{low}, {MAX_SIZE}], got {type(v).__name__} {v!r}")
+
+
+def check_eos(cfg) -> None:
+    """eos_token_ids: int token ids of the vocabulary."""
+    bad = [(i, t) for i, t in enumerate(cfg.eos_token_ids) if not _is_int(t) or not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise KernelgateError(f"config: eos_token_id must be int token ids in [0, {cfg.vocab_size}), "
+                              f"got {_short(cfg.eos_token_ids, bad)}")
 
 
 def check_common(cfg, numbers: tuple, bools: tuple, strings: tuple) -> None:
@@ -282,3 +280,16 @@ def real_width(num_layers: int = 4, **overrides) -> KimiLinearConfig:
     kw = dict(num_hidden_layers=num_layers, vocab_size=163840)
     kw.update(overrides)
     return KimiLinearConfig(**kw)
+
+
+def config_json(path: str | Path) -> tuple[Path, object]:
+    """(the config.json file, its parsed contents) of a checkpoint folder or of the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise KernelgateError(f"load_model: no config.json at {path}")
+    try:
+        return path, json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise KernelgateError(f"load_model: {path} is not JSON ({e})") from None

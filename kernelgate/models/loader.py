@@ -32,9 +32,9 @@ import torch
 from ..errors import KernelgateError
 from ..platform import default_device
 from . import qwen3_next
-from .config import KimiLinearConfig
+from .config import KimiLinearConfig, config_json
 from . import quant, quant_load
-from .causal_lm import CausalLM
+from .causal_lm import CausalLM, shared_recipes
 from .kimi_linear import FP32_PARAMS, KimiLinearForCausalLM, build
 from .parallel import SINGLE, Parallel, shard_specs
 from .qwen3_next_config import Qwen3NextConfig
@@ -172,20 +172,10 @@ def _recipes(name: str, shape: tuple, c: KimiLinearConfig):
         base, C = name[: -len("conv1d.weight")], shape[0] // 3
         return [[(name, ())],
                 [(base + f"{x}_conv1d.weight", (slice(i * C, (i + 1) * C),)) for i, x in enumerate("qkv")]]
-    if name.endswith("experts.gate_up_proj"):
-        base, I = name[: -len("gate_up_proj")], shape[1] // 2
-        return [[(name, ())],
-                [(base + f"{e}.w{w}.weight", (e, slice(j * I, (j + 1) * I)))
-                 for e in range(c.num_experts) for j, w in enumerate((1, 3))]]
-    if name.endswith("experts.down_proj"):
-        base = name[: -len("down_proj")]
-        return [[(name, ())], [(base + f"{e}.w2.weight", (e,)) for e in range(c.num_experts)]]
-    if name.endswith("gate_up_proj.weight"):
-        base, I = name[: -len("gate_up_proj.weight")], shape[0] // 2
-        return [[(name, ())], [(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
-    if name == "lm_head.weight" and c.tie_word_embeddings:
-        return [[(name, ())], [("model.embed_tokens.weight", ())]]
-    return [[(name, ())]]
+    return shared_recipes(name, shape, c, lambda e, w: f"{e}.{_KIMI_EXPERT[w]}.weight")
+
+
+_KIMI_EXPERT = {"gate": "w1", "up": "w3", "down": "w2"}       # the released per-expert names
 
 
 def _fits(src: tuple, dst: tuple) -> bool:
@@ -214,15 +204,7 @@ def family_of(model) -> Family:
 def read_config(folder) -> tuple:
     """config.json of a checkpoint folder -> (Family, config); the family from `model_type`
     (a config.json without one is read as Kimi Linear's)."""
-    path = Path(folder)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        raise KernelgateError(f"load_model: no config.json at {path}")
-    try:
-        d = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise KernelgateError(f"load_model: {path} is not JSON ({e})") from None
+    path, d = config_json(folder)
     kind = d.get("model_type", "kimi_linear") if isinstance(d, dict) else "kimi_linear"
     if kind not in FAMILIES:
         raise KernelgateError(f"load_model: model_type {kind!r} in {path} is not supported "

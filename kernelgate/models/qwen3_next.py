@@ -17,7 +17,7 @@ from torch import nn
 from . import quant
 from .batch import StepBatch
 from .cache import LayerCache, spec_bytes
-from .causal_lm import CausalLM, build_model
+from .causal_lm import CausalLM, build_model, shared_recipes
 from .gated_attention import GatedAttention, rotary
 from .gdn import GatedDeltaNet
 from .layers import MLP, OffsetRMSNorm
@@ -165,16 +165,4 @@ def recipes(name: str, shape: tuple, c: Qwen3NextConfig) -> list:
         off = 0 if name.endswith("in_proj_b.weight") else G
         return [[(name, ())], [(base + "in_proj_ba.weight", (slice(h * G, (h + 1) * G),),
                                 (h * 2 * G + off, h * 2 * G + off + G)) for h in range(HK)]]
-    if name.endswith("experts.gate_up_proj"):
-        base, I = name[: -len("gate_up_proj")], shape[1] // 2
-        return [[(name, ())], [(base + f"{e}.{w}_proj.weight", (e, slice(j * I, (j + 1) * I)))
-                               for e in range(c.num_experts) for j, w in enumerate(("gate", "up"))]]
-    if name.endswith("experts.down_proj"):
-        base = name[: -len("down_proj")]
-        return [[(name, ())], [(base + f"{e}.down_proj.weight", (e,)) for e in range(c.num_experts)]]
-    if name.endswith("gate_up_proj.weight"):
-        base, I = name[: -len("gate_up_proj.weight")], shape[0] // 2
-        return [[(name, ())], [(base + "gate_proj.weight", (slice(0, I),)), (base + "up_proj.weight", (slice(I, 2 * I),))]]
-    if name == "lm_head.weight" and c.tie_word_embeddings:
-        return [[(name, ())], [("model.embed_tokens.weight", ())]]
-    return [[(name, ())]]
+    return shared_recipes(name, shape, c, lambda e, w: f"{e}.{w}_proj.weight")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..errors import KernelgateError
-from .config import MAX_SIZE, _check_layers, _is_int, _short, check_common
+from .config import MAX_SIZE, _check_layers, _is_int, _short, check_common, check_eos, check_ints
 
 MODEL_TYPES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 LAYER_KINDS = ("linear_attention", "full_attention")
@@ -104,21 +104,12 @@ class Qwen3NextConfig:
             raise KernelgateError(f"config: linear_conv_kernel_dim must be >= 2, got {self.conv_kernel_size}")
         if "dense" in self.mlp_types and self.intermediate_size is None:
             raise KernelgateError("config: intermediate_size is needed by the dense MLP layers (mlp_only_layers)")
-        bad = [(i, t) for i, t in enumerate(self.eos_token_ids) if not _is_int(t) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise KernelgateError(f"config: eos_token_id must be int token ids in [0, {self.vocab_size}), "
-                                  f"got {_short(self.eos_token_ids, bad)}")
+        check_eos(self)
 
     def _check_types(self) -> None:
-        for name in _POSITIVE_INTS:
-            v = getattr(self, name)
-            if not _is_int(v) or not 1 <= v <= MAX_SIZE:
-                raise KernelgateError(f"config: {name} must be an int in [1, {MAX_SIZE}], got {type(v).__name__} {v!r}")
+        check_ints(self, _POSITIVE_INTS)
         _check_layers(self.num_hidden_layers)
-        v = self.shared_expert_intermediate_size
-        if not _is_int(v) or not 0 <= v <= MAX_SIZE:
-            raise KernelgateError(f"config: shared_expert_intermediate_size must be an int in [0, {MAX_SIZE}], "
-                                  f"got {type(v).__name__} {v!r}")
+        check_ints(self, ("shared_expert_intermediate_size",), low=0)
         v = self.intermediate_size
         if v is not None and (not _is_int(v) or not 1 <= v <= MAX_SIZE):
             raise KernelgateError(f"config: intermediate_size must be null or an int in [1, {MAX_SIZE}], got {v!r}")
