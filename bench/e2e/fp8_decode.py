@@ -6,6 +6,7 @@ engine beside the byte floor, peak device memory, and the error FP8 adds.
     PYTHONPATH=. python bench/e2e/fp8_decode.py --layers 4 --parts decode
     PYTHONPATH=. python bench/e2e/fp8_decode.py --error-dir /tmp/kg  # the error part from a checkpoint on disk
     PYTHONPATH=. python bench/e2e/fp8_decode.py --tiny --device cpu  # smoke run anywhere
+    PYTHONPATH=. python bench/e2e/fp8_decode.py --parts decode --batches 1 --forms "none;gemv_inflight:ahead=2"
 
 Weights: seeded random tensors in the released layout (per-expert w1 / w2 / w3, q / k / v), each made
 on the device when the loader reads it (`RandomSource`: a 27-layer checkpoint is ~98 GB, more than
@@ -238,15 +239,34 @@ def part_error(args, device) -> list:
     return rows
 
 
-def decode_rate(model, engine, batch: int, prompt: int, new: int, seed: int) -> float:
-    """Median decode tok/s of the steps that decode every one of `batch` sequences (generate on `engine`)."""
+def decode_rate(model, engine, batch: int, prompt: int, new: int, seed: int, tokens: list | None = None) -> float:
+    """Median decode tok/s of the steps that decode every one of `batch` sequences (generate on `engine`);
+    the greedy tokens are appended to `tokens` if given."""
     import kernelgate
     from kernelgate.serving.drive import Timing
     t = Timing()
-    kernelgate.generate(model, _prompts(batch, prompt, model.config.vocab_size, seed), max_new_tokens=new,
-                        stop_token_ids=(), timing=t, engine=engine)
+    out = kernelgate.generate(model, _prompts(batch, prompt, model.config.vocab_size, seed), max_new_tokens=new,
+                              stop_token_ids=(), timing=t, engine=engine)
+    if tokens is not None:
+        tokens.extend(r.token_ids for r in out)
     steps = sorted(s[2] for s in t.steps if s[0] == "decode" and s[1] == batch)
     return batch / steps[len(steps) // 2] if steps else float("nan")
+
+
+def forms(spec: str) -> list:
+    """--forms 'none;gemv_inflight:ahead=2,pf_bytes=4096' -> [(label, module or None, install kwargs)]:
+    probes from bench/ops/variants with install(**kw) / uninstall() (e.g. gemv_inflight.py)."""
+    import importlib
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "variants"))
+    out = []
+    for f in (f.strip() for f in spec.split(";") if f.strip()):
+        if f == "none":
+            out.append(("", None, {}))
+            continue
+        name, _, kv = f.partition(":")
+        kw = {k.strip(): int(v) for k, v in (p.split("=") for p in kv.split(",") if p.strip())}
+        out.append((f" [{f}]", importlib.import_module(name), kw))
+    return out
 
 
 def part_decode(args, device) -> list:
@@ -267,25 +287,41 @@ def part_decode(args, device) -> list:
         bound = 1.05 * weights + GiB
         print(f"  {name}: {weights / 1e9:.2f} GB of weights loaded in {t_load:.1f} s, load peak "
               f"{_gb(peak_load)} GB (bound {bound / 1e9:.2f})", flush=True)
-        registry._plan.clear()
-        eng = Engine(model, max_num_seqs=max(batches), max_model_len=length, block_size=64,
-                     num_cache_blocks=max(batches) * -(-length // 64))
-        _reset_peak(device)
-        for b in batches:
-            t0 = time.perf_counter()
-            decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)          # graphs, autotuning
-            rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b)
-            floor = decode_floor(model, b, length, args.hbm_gbps)
-            hit = routed_distinct(model, b, args.prompt)
-            routed = decode_floor(model, b, length, args.hbm_gbps, distinct=hit)
-            within = "" if peak_load != peak_load else f" ({'within' if peak_load <= bound else 'OVER'} bound)"
-            rows.append([name, str(b), f"{rate:,.1f}", f"{floor:,.0f}", f"{rate / floor:.3f}", _gb(weights),
-                         _gb(peak_load) + within, _gb(_peak(device)), f"{hit:.1f}", f"{routed:,.0f}",
-                         f"{rate / routed:.3f}"])
-            print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f}), {time.perf_counter() - t0:.1f} s", flush=True)
+        first = None                                # the first form's greedy tokens: the others must match them
+        for label, mod, kw in forms(args.forms):
+            if mod is not None:
+                print(f"    {mod.install(**kw)}", flush=True)
+            registry._plan.clear()
+            eng = Engine(model, max_num_seqs=max(batches), max_model_len=length, block_size=64,
+                         num_cache_blocks=max(batches) * -(-length // 64))
+            _reset_peak(device)
+            tokens = []
+            try:
+                for b in batches:
+                    t0 = time.perf_counter()
+                    decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)          # graphs, autotuning
+                    rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b, tokens=tokens)
+                    floor = decode_floor(model, b, length, args.hbm_gbps)
+                    hit = routed_distinct(model, b, args.prompt)
+                    routed = decode_floor(model, b, length, args.hbm_gbps, distinct=hit)
+                    within = "" if peak_load != peak_load else f" ({'within' if peak_load <= bound else 'OVER'} bound)"
+                    rows.append([name + label, str(b), f"{rate:,.1f}", f"{floor:,.0f}", f"{rate / floor:.3f}",
+                                 _gb(weights), _gb(peak_load) + within, _gb(_peak(device)), f"{hit:.1f}",
+                                 f"{routed:,.0f}", f"{rate / routed:.3f}"])
+                    print(f"    B{b}{label}: {rate:,.1f} tok/s (floor {floor:,.0f}), {time.perf_counter() - t0:.1f} s",
+                          flush=True)
+            finally:
+                if mod is not None:
+                    mod.uninstall()
+                eng.close()
+                del eng
+            if first is None:
+                first = tokens
+            else:
+                same = sum(a == b for a, b in zip(first, tokens))
+                print(f"    greedy tokens{label}: {same} of {len(first)} sequences as the first form's", flush=True)
         print("    plan: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in registry.plan().items()), flush=True)
-        eng.close()
-        del eng, model
+        del model
         free(held, device)
     _table(f"decode through kernelgate.generate, {args.layers} layers real width"
            f"{' (tiny)' if args.tiny else ''}, prompts of {args.prompt}, byte floor at {args.hbm_gbps:,.0f} GB/s",
@@ -317,6 +353,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--tiny", action="store_true", help="tiny widths (smoke run of this script, e.g. on a CPU)")
     ap.add_argument("--json", help="also write the tables here")
+    ap.add_argument("--forms", default="none",
+                    help="decode: ';'-separated forms, each measured on the same loaded model with a new engine: "
+                         "none (dispatch's kernels) or a bench/ops/variants probe with its install arguments, e.g. "
+                         "'none;gemv_inflight:ahead=2;gemv_inflight:ahead=2,pf_bytes=4096'")
     args = ap.parse_args(argv)
     import torch
 

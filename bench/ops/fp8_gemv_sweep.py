@@ -4,10 +4,14 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
 (gate/up and down launches), beside the launch dispatch makes.
 
     PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot] [--masked] [--bf16]
+        [--shapes "KDA in_proj,MLA q_proj"] [--forms "ahead=2;ahead=3;ahead=2,pf_bytes=4096"]
 
 --bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
 moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps
 of C codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no gain for the experts).
+--forms: the projections also with bench/ops/variants/gemv_inflight.py's forms (weight tiles 2-3 steps ahead,
+an L2 prefetch of the rows). The linear table says for each launch whether its step keeps the activations
+in registers on sm_90 (exchange-free: C / 4 < 32 x warps; else a shared-memory exchange every step).
 
 Each launch is checked against the native reference first (bf16, and fp32 activations to 1e-6: the
 decode is exact), then timed in a CUDA graph, each call reading weights that are not in the L2 cache (the
@@ -28,6 +32,9 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fused_experts_gemv_sweep import with_shared  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants"))
+import gemv_inflight as gi  # noqa: E402
 
 from kernelgate import platform  # noqa: E402
 from kernelgate.ops.moe import fused_experts as fe  # noqa: E402
@@ -50,12 +57,6 @@ SHAPES = {"KDA in_proj": (12576, 2304), "KDA o_proj": (2304, 4096), "MLA q_proj"
 CODES = (128, 256, 512)          # codes a K step (C) the launches try
 
 
-def _masked_step(K: int, C: int) -> tuple[int, bool]:
-    """--masked: fp8_gemv_triton.step without shrinking the step until it tiles K."""
-    W = min(C // 4, triton.next_power_of_2(K // 4))
-    return W, (K // 4) % W == 0
-
-
 def cold_us(fn, variants, dev, **kw):
     """µs per call of fn(*v, **kw), v cycling over `variants` (weight copies or routings that together pass the
     L2 cache, so each call reads its weights from HBM, as a decode step does), 20 calls in one CUDA graph."""
@@ -63,11 +64,24 @@ def cold_us(fn, variants, dev, **kw):
     return benchmark.graph_us(lambda: fn(*next(it), **kw), dev)
 
 
-def linear(dev, bw, quick, shapes=None):
-    grid = [(32, 256, 4), (16, 512, 4), (8, 512, 2), (32, 512, 8)] if quick else \
-        [c for c in itertools.product((8, 16, 32, 64), CODES, (2, 4, 8)) if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
-    print("| shape | launch (R, C, warps) | µs | of floor | bf16 err | fp32 err |")
-    print("|---|---|---:|---:|---:|---:|")
+def exchange_free(W: int, warps: int) -> bool:
+    """Whether a step of W words (4 codes each) keeps its activation vectors in the tile's column layout on
+    sm_90: Triton rematerialises their loads there only while they have fewer elements than the program has
+    threads; from there on each step moves them through shared memory (Session 32, from the TTGIR)."""
+    return W < 32 * warps
+
+
+def linear_grid(quick):
+    if quick:
+        return [(32, 256, 4), (16, 512, 4), (16, 512, 8), (8, 512, 2), (32, 512, 8), (16, 1024, 16)]
+    return [c for c in itertools.product((8, 16, 32, 64), CODES, (2, 4, 8, 16))
+            if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
+
+
+def linear(dev, bw, quick, shapes=None, forms=(None,)):
+    """forms: None (dispatch's kernel) or gemv_inflight.install arguments (prefetch, tiles ahead)."""
+    print("| shape | form | launch (R, C, warps) | codes a step | exchange-free | µs | of floor | bf16 err | fp32 err |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|")
     for name, (N, K) in SHAPES.items():
         if shapes and name not in shapes:
             continue
@@ -78,25 +92,35 @@ def linear(dev, bw, quick, shapes=None):
         floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
         copies = [(x, w, s)] + [(x, w.clone(), s.clone()) for _ in range(max(1, -(-(256 << 20) // w.numel()) - 1))]
         us = cold_us(flt.fp8_linear_triton, copies, dev)
-        print(f"| {name} | dispatched {gt.launch(platform.current())} | {us:.1f} | {floor_us / us:.2f} | "
+        print(f"| {name} | dispatched | {gt.launch(platform.current())} | | | {us:.1f} | {floor_us / us:.2f} | "
               f"{rel_err(flt.fp8_linear_triton(x, w, s), ref):.1e} | |", flush=True)
-        for R, C, wp in grid:
+        for form in forms:
+            label = "kernel as dispatched" if form is None else ", ".join(f"{k} {v}" for k, v in form.items())
+            if form is not None:
+                gi.install(bf16=False, **form)
             try:
-                err = rel_err(flt.fp8_linear_triton(x, w, s, form='gemv', R=R, C=C, num_warps=wp), ref)
-                err32 = rel_err(flt.fp8_linear_triton(x.float(), w, s, form='gemv', R=R, C=C, num_warps=wp), ref32)
-            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
-                print(f"| {name} | {R}, {C}, {wp} | ({type(e).__name__}: {str(e)[:60]}) | | | |")
-                continue
-            if err > 2e-2 or err32 > 1e-6:
-                print(f"| {name} | {R}, {C}, {wp} | wrong | | {err:.1e} | {err32:.1e} |")
-                continue
-            us = cold_us(flt.fp8_linear_triton, copies, dev, form='gemv', R=R, C=C, num_warps=wp)
-            print(f"| {name} | {R}, {C}, {wp} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
+                for R, C, wp in linear_grid(quick):
+                    cfg = dict(form="gemv", R=R, C=C, num_warps=wp)
+                    W = gt.step(K, C)[0]
+                    row = f"| {name} | {label} | {R}, {C}, {wp} | {4 * W} | {'yes' if exchange_free(W, wp) else 'no'} |"
+                    try:
+                        err = rel_err(flt.fp8_linear_triton(x, w, s, **cfg), ref)
+                        err32 = rel_err(flt.fp8_linear_triton(x.float(), w, s, **cfg), ref32)
+                    except Exception as e:  # noqa: BLE001 - out of resources: the next launch
+                        print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | | |")
+                        continue
+                    if err > 2e-2 or err32 > 1e-6:
+                        print(f"{row} wrong | | {err:.1e} | {err32:.1e} |")
+                        continue
+                    us = cold_us(flt.fp8_linear_triton, copies, dev, **cfg)
+                    print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
+            finally:
+                gi.uninstall()
 
 
-def experts(dev, bw, quick, qwen, bf16=False):
+def experts(dev, bw, quick, qwen, bf16=False, forms=(None,)):
     """FP8 experts (fused_experts_fp8's GEMV), or with bf16 the bf16 experts' one-token word form
-    (fused_experts_words_triton: the FP8 GEMV's kernels on int64 words of 4 values)."""
+    (fused_experts_words_triton: the FP8 GEMV's kernels on int64 words of 4 values); forms as for linear()."""
     D, I = (2048, 512) if qwen else (2304, 1024)
     gen = torch.Generator(device=dev).manual_seed(0)
     if bf16:
@@ -114,6 +138,16 @@ def experts(dev, bw, quick, qwen, bf16=False):
     args32 = (args[0].float(), *args[1:])
     ref32 = native(*args32, **kw)
     floor_us = nbytes(args, kw) / (bw * 1e9) * 1e6
+    for form in forms:
+        if form is not None:
+            print(f"\n{gi.install(bf16=False, **form)}")
+        try:
+            _experts_launches(gemv, cfg, args, args32, ref, ref32, routings, kw, floor_us, dev, quick, qwen, bf16)
+        finally:
+            gi.uninstall()
+
+
+def _experts_launches(gemv, cfg, args, args32, ref, ref32, routings, kw, floor_us, dev, quick, qwen, bf16):
     us = cold_us(gemv, routings, dev, **kw)
     print(f"\n{'bf16' if bf16 else 'FP8'} experts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared): floor "
           f"{floor_us:.1f} µs; dispatched GEMV {us:.1f} µs ({floor_us / us:.2f}) at {cfg(platform.current())}")
@@ -237,6 +271,11 @@ def dot_experts(dev, bw, quick, qwen):
         print(f"| {bn} | {bk} | {wp} | {st} | {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
 
 
+def parse_form(text: str) -> dict:
+    """'ahead=2,pf_bytes=4096' -> {'ahead': 2, 'pf_bytes': 4096}."""
+    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv.strip())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--linear", action="store_true")
@@ -245,13 +284,16 @@ def main() -> int:
     ap.add_argument("--dot", action="store_true", help="the tl.dot forms at one token instead (matrix units)")
     ap.add_argument("--shapes", default="", help="--linear: comma-separated names of SHAPES (default: all)")
     ap.add_argument("--bf16", action="store_true", help="experts: the bf16 one-token word GEMV instead of FP8")
+    ap.add_argument("--forms", default="",
+                    help="also the gemv_inflight forms, ';'-separated install arguments, e.g. "
+                         "'ahead=2;ahead=3;ahead=2,pf_bytes=4096' (--linear), 'experts_ahead=2' (--experts)")
     ap.add_argument("--masked", action="store_true",
                     help="K steps of C codes even where they do not tile K (the last step masked), and C up to 2048")
     a = ap.parse_args()
     if a.masked:
         global CODES
         CODES = (256, 512, 1024, 2048)
-        gt.step = gv8.step = _masked_step
+        gt.step = gv8.step = gi._ORIGINAL["step"] = gi._masked_step
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 1
@@ -259,17 +301,18 @@ def main() -> int:
     bw = benchmark.copy_bandwidth(dev)
     print(f"copy bandwidth {bw:.0f} GB/s")
     both = not (a.linear or a.experts)
+    forms = [None] + [parse_form(f) for f in a.forms.split(";") if f.strip()]
     if a.linear or both:
         if a.dot:
             dot_linear(dev, bw, a.quick)
         else:
-            linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()])
+            linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()], forms)
     if a.experts or both:
         for qwen in (False, True):
             if a.dot:
                 dot_experts(dev, bw, a.quick, qwen)
             else:
-                experts(dev, bw, a.quick, qwen, a.bf16)
+                experts(dev, bw, a.quick, qwen, a.bf16, forms)
     return 0
 
 

@@ -2,8 +2,11 @@
 experts GEMV (moe/fused_experts_words_triton.py).
 
 The weight rows are read as int32 words of 4 codes: a program owns R rows and walks K in steps of W
-words, the tile [R, W] loaded one step ahead (the loads of step i + 1 are in flight while step i
-computes). Each word's 4 codes are decoded and dotted with their 4 activations at once (dot4):
+words, the tile [R, W] loaded one step ahead in the source. (In the sm_90 code of the linear GEMV and of
+the experts' gate/up kernel ptxas sinks those loads to the end of the loop, into the registers of the tile
+just used, so each step still waits a memory latency; tiles two steps ahead keep them apart -- a probe,
+bench/ops/variants/gemv_inflight.py, bench/RESULTS.md Session 32.) Each word's 4 codes are decoded and
+dotted with their 4 activations at once (dot4):
   - PTX (NVIDIA sm_89+, compiled): two cvt.rn.f16x2.e4m3x2, four f16 -> f32, a multiply and three
     FMAs in inline assembly -- 2.5 instructions a code;
   - elsewhere (AMD, Intel, sm_80, the interpreter) integer ops on the word: the byte moved to the
@@ -67,7 +70,9 @@ _DOT4_PTX = tl.constexpr("""
 # From K = 4,096 on, 1,024-code steps (Session 31, `--masked` sweep): KDA o_proj 6.3 -> 4.4 µs, GDN out_proj
 # 5.4 -> 4.4; at K = 2,048 they were slower (GDN in_proj 7.0 -> 8.4: two steps leave the load-ahead little to hide).
 # (Both sweeps timed one weight call after call, so it stayed in the L2: a decode step reads these weights
-# from HBM, where longer steps -- more bytes in flight -- may win more; bench/RESULTS.md Session 31.)
+# from HBM, where longer steps -- more bytes in flight -- may win more; bench/RESULTS.md Session 31. Steps of
+# W words with W >= 32 x num_warps move their activations through shared memory every step on sm_90 --
+# the WIDE launch does: Session 32.)
 LINEAR = {"cuda": dict(R=16, C=512, num_warps=4, WIDE=(4096, 1024))}
 _LINEAR_DEFAULT = dict(R=16, C=256, num_warps=4)
 _INTERP = dict(R=16, C=128, num_warps=4)
