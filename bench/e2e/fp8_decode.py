@@ -254,18 +254,19 @@ def decode_rate(model, engine, batch: int, prompt: int, new: int, seed: int, tok
 
 
 def forms(spec: str) -> list:
-    """--forms 'none;gemv_inflight:ahead=2,pf_bytes=4096' -> [(label, module or None, install kwargs)]:
-    probes from bench/ops/variants with install(**kw) / uninstall() (e.g. gemv_inflight.py)."""
+    """--forms 'none;gemv_inflight:ahead=2,pf_bytes=4096;gemv_inflight:ahead=2+kda_up_gemv' -> per form
+    (label, [(module, install kwargs)]): probes from bench/ops/variants with install(**kw) / uninstall()
+    (e.g. gemv_inflight.py, kda_up_gemv.py), '+' installing several at once; none: dispatch's kernels."""
     import importlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "variants"))
     out = []
     for f in (f.strip() for f in spec.split(";") if f.strip()):
-        if f == "none":
-            out.append(("", None, {}))
-            continue
-        name, _, kv = f.partition(":")
-        kw = {k.strip(): int(v) for k, v in (p.split("=") for p in kv.split(",") if p.strip())}
-        out.append((f" [{f}]", importlib.import_module(name), kw))
+        probes = []
+        for p in ([] if f == "none" else f.split("+")):
+            name, _, kv = p.strip().partition(":")
+            kw = {k.strip(): int(v) for k, v in (a.split("=") for a in kv.split(",") if a.strip())}
+            probes.append((importlib.import_module(name), kw))
+        out.append(("" if f == "none" else f" [{f}]", probes))
     return out
 
 
@@ -288,8 +289,8 @@ def part_decode(args, device) -> list:
         print(f"  {name}: {weights / 1e9:.2f} GB of weights loaded in {t_load:.1f} s, load peak "
               f"{_gb(peak_load)} GB (bound {bound / 1e9:.2f})", flush=True)
         first = None                                # the first form's greedy tokens: the others must match them
-        for label, mod, kw in forms(args.forms):
-            if mod is not None:
+        for label, probes in forms(args.forms):
+            for mod, kw in probes:
                 print(f"    {mod.install(**kw)}", flush=True)
             registry._plan.clear()
             eng = Engine(model, max_num_seqs=max(batches), max_model_len=length, block_size=64,
@@ -311,7 +312,7 @@ def part_decode(args, device) -> list:
                     print(f"    B{b}{label}: {rate:,.1f} tok/s (floor {floor:,.0f}), {time.perf_counter() - t0:.1f} s",
                           flush=True)
             finally:
-                if mod is not None:
+                for mod, _ in probes:
                     mod.uninstall()
                 eng.close()
                 del eng
@@ -356,7 +357,7 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", default="none",
                     help="decode: ';'-separated forms, each measured on the same loaded model with a new engine: "
                          "none (dispatch's kernels) or a bench/ops/variants probe with its install arguments, e.g. "
-                         "'none;gemv_inflight:ahead=2;gemv_inflight:ahead=2,pf_bytes=4096'")
+                         "'none;gemv_inflight:ahead=2;gemv_inflight:ahead=2,pf_bytes=4096+kda_up_gemv' ('+': together)")
     args = ap.parse_args(argv)
     import torch
 

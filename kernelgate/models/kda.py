@@ -66,8 +66,7 @@ class KimiDeltaAttention(nn.Module):
         state = cache.kda_state[self.layer_idx]                      # [S, H, K, V] fp32
         y = quant.linear(x, self, "in_proj")                        # [T, 3HK + K + K + H]
         mixed, fg_a, b = y.split([3 * H * K, 2 * K, H], dim=-1)     # q|k|v, f_a|g_a, beta logits
-        fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
-        f, gate = fg[0], fg[1].view(T, H, K)                        # raw decay input, output gate
+        f, gate = self._up(fg_a)                                    # raw decay input, output gate
         d = T if batch.decode else batch.leading_decodes
         if d == T:
             o = self._decode(mixed, f, b, conv_state, state, batch.slots)
@@ -79,6 +78,12 @@ class KimiDeltaAttention(nn.Module):
                 o = torch.cat([self._decode(mixed[:d], f[:d], b[:d], conv_state, state, batch.slots[:d]), o])
         o = ops.gated_rms_norm(o, self.o_norm.weight, gate, self.eps, activation="sigmoid")
         return self.par.all_reduce(self.o_proj(o.reshape(T, H * K)))
+
+    def _up(self, fg_a):
+        """f_b(f_a) [T, HK] and g_b(g_a) [T, H, K] from fg_a = f_a | g_a [T, 2K]: one batched matmul."""
+        T, H, K = fg_a.shape[0], self.H, self.K
+        fg = torch.bmm(fg_a.view(T, 2, K).transpose(0, 1), self.up_proj.view(2, H * K, K).transpose(1, 2))
+        return fg[0], fg[1].view(T, H, K)
 
     def _decode(self, mixed, f, b, conv_state, state, slots):
         """One new token per sequence: conv update + gate + delta rule in two launches -> [N, H, V]."""
