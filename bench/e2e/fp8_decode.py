@@ -7,6 +7,7 @@ engine beside the byte floor, peak device memory, and the error FP8 adds.
     PYTHONPATH=. python bench/e2e/fp8_decode.py --error-dir /tmp/kg  # the error part from a checkpoint on disk
     PYTHONPATH=. python bench/e2e/fp8_decode.py --tiny --device cpu  # smoke run anywhere
     PYTHONPATH=. python bench/e2e/fp8_decode.py --parts decode --batches 1 --forms "none;gemv_inflight:ahead=2"
+    PYTHONPATH=. python bench/e2e/fp8_decode.py --parts decode --weights fp8 --memory-cap-gib 79.2 --long 32768
 
 Weights: seeded random tensors in the released layout (per-expert w1 / w2 / w3, q / k / v), each made
 on the device when the loader reads it (`RandomSource`: a 27-layer checkpoint is ~98 GB, more than
@@ -24,7 +25,13 @@ Parts:
           sequence, second call on the engine: graphs and autotuning done in the first); the byte
           floor, active bytes per step / --hbm-gbps (weights but embedding and routed experts, the
           expected distinct experts of a uniform top-8 of the batch, one embedding row per token,
-          KDA states and MLA cache); peak memory while decoding.
+          KDA states and MLA cache); peak memory while decoding. --long N: then one N-token prompt
+          (and 16 new tokens) on an engine whose cache is sized from device memory (the engine's
+          gpu_memory_utilization 0.9, of the cap where one is set): its capacity, prefill tok/s, peak.
+  --memory-cap-gib G  an 80 GB card's budget on a larger one (an H100's 79.2 GiB): torch's allocator
+          is capped at G GiB (set_per_process_memory_fraction: an allocation beyond it fails as on that
+          card) and the engines size their caches from it. The memory figures hold for that card; the
+          rates are the larger card's bandwidth.
 """
 from __future__ import annotations
 
@@ -281,8 +288,9 @@ def part_decode(args, device) -> list:
     src = RandomSource(cfg, device, torch.bfloat16, seed=0)
     batches = [int(b) for b in args.batches.split(",")]
     length = args.prompt + args.new + 8
-    rows = []
-    for name, q in (("bf16", None), ("fp8 (block 128x128, quantized on load)", "fp8")):
+    rows, long_rows = [], []
+    kinds = {"bf16": ("bf16", None), "fp8": ("fp8 (block 128x128, quantized on load)", "fp8")}
+    for name, q in (kinds[w.strip()] for w in args.weights.split(",")):
         model, t_load, peak_load, weights = load(cfg, device, torch.bfloat16, q, src)
         held = {"model": model}
         bound = 1.05 * weights + GiB
@@ -322,13 +330,56 @@ def part_decode(args, device) -> list:
                 same = sum(a == b for a, b in zip(first, tokens))
                 print(f"    greedy tokens{label}: {same} of {len(first)} sequences as the first form's", flush=True)
         print("    plan: " + ", ".join(f"{k}={'/'.join(v)}" for k, v in registry.plan().items()), flush=True)
+        if args.long:
+            long_rows.append([name, *long_prompt(model, device, args.long, args.memory_cap_gib)])
         del model
         free(held, device)
     _table(f"decode through kernelgate.generate, {args.layers} layers real width"
            f"{' (tiny)' if args.tiny else ''}, prompts of {args.prompt}, byte floor at {args.hbm_gbps:,.0f} GB/s",
            ["weights", "batch", "decode tok/s", "byte floor tok/s", "of floor", "weights GB", "load peak GB",
             "decode peak GB", "experts hit a layer (routed)", "floor as routed", "of it"], rows)
-    return rows
+    if long_rows:
+        cap = f", allocator capped at {args.memory_cap_gib} GiB" if args.memory_cap_gib else ""
+        _table(f"one {args.long:,}-token prompt + 16 new tokens, cache sized from device memory{cap}",
+               ["weights", "engine cache", "prefill tok/s", "decode tok/s (B1)", "peak GB"], long_rows)
+    return rows + long_rows
+
+
+def long_prompt(model, device, length: int, cap_gib: float | None) -> list:
+    """[capacity, prefill tok/s, decode tok/s, peak GB] of one `length`-token prompt on an engine whose
+    cache fills gpu_memory_utilization 0.9 of the device (of the cap: memory_cap)."""
+    import kernelgate
+    from kernelgate.engine import Engine
+    from kernelgate.serving.drive import Timing
+    m = _mod(device)
+    total = m.get_device_properties(device).total_memory if m is not None else None
+    util = 0.9 * min(1.0, cap_gib * GiB / total) if cap_gib and total else 0.9
+    _reset_peak(device)
+    eng = Engine(model, max_num_seqs=4, max_model_len=length + 64, gpu_memory_utilization=round(util, 4))
+    try:
+        print(f"    long prompt: {eng.capacity.report()}", flush=True)
+        t = Timing()
+        kernelgate.generate(model, _prompts(1, length, model.config.vocab_size, seed=7), max_new_tokens=16,
+                            stop_token_ids=(), timing=t, engine=eng)
+        cap = eng.capacity
+        row = [f"{cap.cache_tokens:,} tokens, {cap.cache_bytes / 1e9:.1f} GB (util {util:.3f})",
+               f"{t.rate('prefill'):,.0f}", f"{t.rate('decode'):,.1f}", _gb(_peak(device))]
+        print(f"    long prompt: {length:,} tokens prefilled at {row[1]} tok/s, peak {row[3]} GB", flush=True)
+        return row
+    finally:
+        eng.close()
+
+
+def memory_cap(device, gib: float) -> str:
+    """Cap torch's allocator on `device` at `gib` GiB (an 80 GB card's budget on a larger one)."""
+    m = _mod(device)
+    if m is None or not hasattr(m, "set_per_process_memory_fraction"):
+        raise SystemExit(f"fp8_decode: --memory-cap-gib needs an accelerator whose torch module caps memory, not {device}")
+    total = m.get_device_properties(device).total_memory
+    if gib * GiB >= total:
+        raise SystemExit(f"fp8_decode: --memory-cap-gib {gib} is not below the device's {total / GiB:.1f} GiB")
+    m.set_per_process_memory_fraction(gib * GiB / total, device)
+    return f"allocator capped at {gib} GiB of {total / GiB:.1f} (fraction {gib * GiB / total:.4f})"
 
 
 def _table(title, head, rows):
@@ -354,6 +405,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--tiny", action="store_true", help="tiny widths (smoke run of this script, e.g. on a CPU)")
     ap.add_argument("--json", help="also write the tables here")
+    ap.add_argument("--weights", default="bf16,fp8", help="decode: bf16,fp8 (which loads, in this order)")
+    ap.add_argument("--memory-cap-gib", type=float, help="cap the allocator at this many GiB (an H100: 79.2)")
+    ap.add_argument("--long", type=int, default=0, help="decode: then one prompt of this many tokens (e.g. 32768)")
     ap.add_argument("--forms", default="none",
                     help="decode: ';'-separated forms, each measured on the same loaded model with a new engine: "
                          "none (dispatch's kernels) or a bench/ops/variants probe with its install arguments, e.g. "
@@ -371,6 +425,8 @@ def main(argv=None) -> int:
         args.batches, args.new = "1,4", 8
     t0 = time.perf_counter()
     print(f"fp8_decode on {platform.current().device_name or device} ({platform.current().name})", flush=True)
+    if args.memory_cap_gib:
+        print(memory_cap(device, args.memory_cap_gib), flush=True)
     result = {}
     parts = args.parts.split(",")
     if "error" in parts:
