@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fp8_decode import _gb, _peak, _prompts, _reset_peak, _sync, _table, decode_rate  # noqa: E402
+from fp8_decode import _gb, _peak, _prompts, _reset_peak, _sync, _table, decode_rate, forms  # noqa: E402
 from kimi_e2e import decode_floor, routed_distinct  # noqa: E402
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -171,6 +171,7 @@ def part_full(args, device) -> dict:
     from kernelgate.models import Qwen3NextConfig
     from kernelgate.models.qwen3_next import build
     from kernelgate.serving.drive import Timing
+    from kernelgate import registry
     cfg = Qwen3NextConfig.from_dict(hf_config(args.layers, args.tiny).to_dict())
     _reset_peak(device)
     t0 = time.perf_counter()
@@ -181,18 +182,34 @@ def part_full(args, device) -> dict:
           flush=True)
     batches = [int(b) for b in args.full_batches.split(",")]
     length = args.prompt + args.new + 8
-    eng = engine_for(model, batches, length, long=args.prefill)
-    rows = []
-    for b in batches:
-        decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)
-        rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b)
-        floor = decode_floor(model, b, length, args.hbm_gbps)
-        hit = routed_distinct(model, b, args.prompt)
-        routed = decode_floor(model, b, length, args.hbm_gbps, distinct=hit)
-        rows.append([f"decode B{b}", f"{rate:,.1f} tok/s", f"{floor:,.0f} tok/s", f"{rate / floor:.3f}",
-                     f"{hit:.1f}: {routed:,.0f} tok/s, {rate / routed:.3f}"])
-        print(f"    B{b}: {rate:,.1f} tok/s (floor {floor:,.0f}; {hit:.1f} experts hit a layer as routed: "
-              f"floor {routed:,.0f})", flush=True)
+    rows, first, kinds = [], None, forms(args.forms)
+    for i, (label, probes) in enumerate(kinds):  # each on a new engine (fresh graphs); the prefill on the last
+        for mod, kw in probes:
+            print(f"    {mod.install(**kw)}", flush=True)
+        registry._plan.clear()
+        eng = engine_for(model, batches, length, long=args.prefill)
+        tokens = []
+        try:
+            for b in batches:
+                decode_rate(model, eng, b, args.prompt, args.new, seed=100 + b)
+                rate = decode_rate(model, eng, b, args.prompt, args.new, seed=200 + b, tokens=tokens)
+                floor = decode_floor(model, b, length, args.hbm_gbps)
+                hit = routed_distinct(model, b, args.prompt)
+                routed = decode_floor(model, b, length, args.hbm_gbps, distinct=hit)
+                rows.append([f"decode B{b}{label}", f"{rate:,.1f} tok/s", f"{floor:,.0f} tok/s", f"{rate / floor:.3f}",
+                             f"{hit:.1f}: {routed:,.0f} tok/s, {rate / routed:.3f}"])
+                print(f"    B{b}{label}: {rate:,.1f} tok/s (floor {floor:,.0f}; {hit:.1f} experts hit a layer as "
+                      f"routed: floor {routed:,.0f})", flush=True)
+        finally:
+            for mod, _ in probes:
+                mod.uninstall()
+        if first is None:
+            first = tokens
+        else:
+            same = sum(a == b for a, b in zip(first, tokens))
+            print(f"    greedy tokens{label}: {same} of {len(first)} sequences as the first form's", flush=True)
+        if i < len(kinds) - 1:
+            eng.close()
     for call in range(2):                        # the first compiles the chunk shapes; another prompt
         t = Timing()                             # each time (the prefix cache would serve a repeat)
         prompt = _prompts(1, args.prefill, cfg.vocab_size, 5 + call)
@@ -227,6 +244,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--tiny", action="store_true", help="tiny widths (a smoke run of this script, e.g. on a CPU)")
     ap.add_argument("--json", help="also write the tables here")
+    ap.add_argument("--forms", default="none", help="full: ';'-separated decode forms, as fp8_decode.py's --forms "
+                    "(e.g. 'none;gdn_fused_decode'); the prefill runs with the last")
     args = ap.parse_args(argv)
     import torch
 
