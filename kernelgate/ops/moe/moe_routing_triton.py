@@ -31,7 +31,23 @@ def _biased_grouped_topk_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, NG_PAD: tl.constexpr, GS_PAD: tl.constexpr,
     K_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    inputs_ready(PDL)
+    route_block(tl.program_id(0), logits_ptr, bias_ptr, w_ptr, ids_ptr, T, stride_t, stride_o, rsf, E, N_GROUP, GROUP,
+                TOPK_GROUP, TOPK, SHARED, SHARED_GATE, SCORING, RENORM, HAS_BIAS, BLOCK_T, NG_PAD, GS_PAD, K_PAD)
+
+
+@triton.jit
+def route_block(
+    pid, logits_ptr, bias_ptr, w_ptr, ids_ptr,
+    T, stride_t, stride_o, rsf,
+    E: tl.constexpr, N_GROUP: tl.constexpr, GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr,
+    TOPK: tl.constexpr, SHARED: tl.constexpr, SHARED_GATE: tl.constexpr, SCORING: tl.constexpr,
+    RENORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, NG_PAD: tl.constexpr, GS_PAD: tl.constexpr,
+    K_PAD: tl.constexpr,
+):
+    """The routing of tokens [pid * BLOCK_T, (pid + 1) * BLOCK_T) (the kernel's program pid): scores, group
+    and expert selection, weights and ids stored."""
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)                       # [BT]
     row_ok = rows < T
     g = tl.arange(0, NG_PAD)                                           # [NG]
@@ -40,7 +56,6 @@ def _biased_grouped_topk_kernel(
     e_ok = (g[:, None] < N_GROUP) & (j[None, :] < GROUP)
     valid = row_ok[:, None, None] & e_ok[None, :, :]                   # [BT, NG, GS]
 
-    inputs_ready(PDL)
     x = tl.load(logits_ptr + rows[:, None, None].to(tl.int64) * stride_t + eid[None, :, :],
                 mask=valid, other=0.0).to(tl.float32)
     if SCORING == 0:      # sigmoid
