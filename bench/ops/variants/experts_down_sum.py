@@ -23,7 +23,6 @@ from kernelgate import alloc
 from kernelgate.ops.common.pdl import inputs_ready, pdl_args
 from kernelgate.ops.moe import fused_experts_words_triton as ew
 from kernelgate.ops.quant import fp8_gemv_triton as gt
-from kernelgate.ops.quant.fp8_weights import block_dims
 
 _ORIGINAL = ew._launch
 _COUNTERS: dict = {}                  # device -> int32 counters, one per row block, zero between calls
@@ -63,13 +62,7 @@ def _launch(x, wgu, wdn, topk_weights, topk_ids, out, cfg, swiglu_limit, scales=
     D = x.shape[1]
     E, I = wdn.shape[0], wdn.shape[2] * 4
     k = topk_ids.shape[1]
-    if scales is not None:
-        sgu, sdn, block_size = scales
-        (gbn, gbk), (dbn, dbk) = block_dims(block_size, D), block_dims(block_size, I)
-        g_one, d_one = triton.cdiv(D, gbk) == 1, triton.cdiv(I, dbk) == 1
-        gbkw, dbkw = max(gbk // 4, 1), max(dbk // 4, 1)
-    else:
-        sgu, sdn, gbn, dbn, gbkw, dbkw, g_one, d_one = wgu, wdn, 1, 1, 1, 1, True, True
+    sgu, sdn, gbn, dbn, gbkw, dbkw, g_one, d_one = ew.scale_args(wgu, wdn, D, I, scales)
     ids = topk_ids[0].contiguous()
     tw = topk_weights[0]
     h = alloc.empty((k, I), torch.float32 if x.dtype == torch.float32 else x.dtype, x.device)

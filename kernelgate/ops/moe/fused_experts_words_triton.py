@@ -101,19 +101,23 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, D, KW, E, shj, swe
     tl.store(y_ptr + j * D + rows, y, mask=rows < D)
 
 
+def scale_args(wgu, wdn, D: int, I: int, scales):
+    """(gate/up scales, down scales, their rows per scale block, their K blocks in words, whether each has
+    one K block) of the kernels; bf16 words (scales None): the weights stand in, unread."""
+    if scales is None:
+        return wgu, wdn, 1, 1, 1, 1, True, True
+    sgu, sdn, block_size = scales
+    (gbn, gbk), (dbn, dbk) = block_dims(block_size, D), block_dims(block_size, I)
+    return sgu, sdn, gbn, dbn, max(gbk // 4, 1), max(dbk // 4, 1), triton.cdiv(D, gbk) == 1, triton.cdiv(I, dbk) == 1
+
+
 def _launch(x, wgu, wdn, topk_weights, topk_ids, out, cfg, swiglu_limit, scales=None, ptx=False):
     """Both kernels and sum_slots on the word views wgu [E, 2I, D/4], wdn [E, D, I/4]; scales (FP8):
     (w_gate_up_scale, w_down_scale, block_size), None for bf16 words."""
     D = x.shape[1]
     E, I = wdn.shape[0], wdn.shape[2] * 4
     k = topk_ids.shape[1]
-    if scales is not None:
-        sgu, sdn, block_size = scales
-        (gbn, gbk), (dbn, dbk) = block_dims(block_size, D), block_dims(block_size, I)
-        g_one, d_one = triton.cdiv(D, gbk) == 1, triton.cdiv(I, dbk) == 1
-        gbkw, dbkw = max(gbk // 4, 1), max(dbk // 4, 1)
-    else:                                                        # bf16: the scale arguments go unread
-        sgu, sdn, gbn, dbn, gbkw, dbkw, g_one, d_one = wgu, wdn, 1, 1, 1, 1, True, True
+    sgu, sdn, gbn, dbn, gbkw, dbkw, g_one, d_one = scale_args(wgu, wdn, D, I, scales)
     ids = topk_ids[0].contiguous()
     tw = topk_weights[0]
     h = alloc.empty((k, I), torch.float32 if x.dtype == torch.float32 else x.dtype, x.device)
