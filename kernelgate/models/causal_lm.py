@@ -51,7 +51,9 @@ class CausalLM(nn.Module):
     def step(self, tokens: torch.Tensor, batch: StepBatch, cache) -> torch.Tensor:
         """One engine step -> fp32 logits of each sequence's last new token [N, V]."""
         h = self.hidden(tokens, batch, cache)
-        return self.par.gather_last(self.lm_head(h[batch.last_token_index]).float())
+        if not batch.decode:          # a decode step's rows are its sequences' last tokens already
+            h = h[batch.last_token_index]
+        return self.par.gather_last(self.lm_head(h).float())
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
