@@ -28,10 +28,13 @@ from .layers import OffsetRMSNorm
 from .parallel import SINGLE, column, fuse, row
 
 
-def rotary(positions: torch.Tensor, rotary_dim: int, theta: float) -> tuple:
-    """positions [T] -> (cos, sin) fp32 [T, rotary_dim // 2]."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=positions.device, dtype=torch.float32)
-                               / rotary_dim)
+def rotary_inv_freq(rotary_dim: int, theta: float, device) -> torch.Tensor:
+    """The rotary frequencies fp32 [rotary_dim // 2]: theta ** -(2i / rotary_dim)."""
+    return 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim)
+
+
+def rotary(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple:
+    """positions [T], inv_freq (rotary_inv_freq) -> (cos, sin) fp32 [T, rotary_dim // 2]."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     return freqs.cos(), freqs.sin()
 

@@ -18,7 +18,7 @@ from . import quant
 from .batch import StepBatch
 from .cache import LayerCache, spec_bytes
 from .causal_lm import CausalLM, build_model, shared_recipes
-from .gated_attention import GatedAttention, rotary
+from .gated_attention import GatedAttention, rotary, rotary_inv_freq
 from .gdn import GatedDeltaNet
 from .layers import MLP, OffsetRMSNorm
 from .parallel import SINGLE, Parallel, VocabEmbedding
@@ -60,6 +60,7 @@ class Backbone(nn.Module):
 class Qwen3NextForCausalLM(CausalLM):
     def __init__(self, config: Qwen3NextConfig, par: Parallel = SINGLE):
         super().__init__(config, Backbone(config, par), par)
+        self._inv_freq = None            # the rotary frequencies, made once on the model's device (_rope)
 
     def cache_specs(self, dtype: torch.dtype | None = None) -> tuple:
         """(slot_specs, block_specs) of the LayerCache: per GDN layer its recurrent state
@@ -95,7 +96,9 @@ class Qwen3NextForCausalLM(CausalLM):
             t = torch.arange(T, device=self.device, dtype=batch.cu_seqlens.dtype)
             seq = torch.searchsorted(batch.cu_seqlens[1:], t, right=True).clamp_(max=batch.num_seqs - 1)
             pos = t - batch.cu_seqlens[seq] + batch.starts_dev[seq]
-        return rotary(pos, self.config.rotary_dim, self.config.rope_theta)
+        if self._inv_freq is None or self._inv_freq.device != self.device:   # five kernels fewer a step
+            self._inv_freq = rotary_inv_freq(self.config.rotary_dim, self.config.rope_theta, self.device)
+        return rotary(pos, self._inv_freq)
 
     def hidden(self, tokens: torch.Tensor, batch: StepBatch, cache: LayerCache) -> torch.Tensor:
         """tokens [T] packed -> final normed hidden states [T, D]."""
