@@ -7,8 +7,10 @@ attention: kernelgate/ops/attention/paged.py's layout).
         k            [T, ...] float: token t's row, C values (its dims after the first, e.g. [Hkv, D]
                      or [Hkv * D]); any row stride (a slice of a fused projection is fine)
         k_cache      [num_blocks, block_size, ...] of k's dtype, C values a row after the first two
-                     dims, those dims contiguous (the first two may have any strides)
-        v, v_cache   a second pair, the same way (both or neither)
+                     dims, those dims contiguous; the first two may have any strides that keep rows
+                     apart (a column range of a wider cache is fine)
+        v, v_cache   a second pair, the same way (both or neither); MLA writes its latent's two parts,
+                     the normed latent and the rope key, into the two column ranges of its one cache
 
 k_cache[slot // block_size, slot % block_size] = k[t] for every t with slot_mapping[t] >= 0, and
 the same for v; two tokens never share a slot (the engine's slot mapping). One launch writes both
@@ -66,8 +68,10 @@ def validate(slot_mapping, k, k_cache, v=None, v_cache=None):
         checks.require(math.prod(x.shape[1:]) == C, OP, f"{name} shape {tuple(x.shape)}: {math.prod(x.shape[1:])} "
                        f"values a token != {C} a row of {name}_cache {tuple(cache.shape)}")
         row = cache[0, 0] if cache.shape[0] and cache.shape[1] else None
-        checks.require(row is None or row.is_contiguous() and cache.stride(1) == C, OP,
-                       f"{name}_cache rows (dims after the first two) must be contiguous, got strides {cache.stride()}")
+        apart = cache.stride(1) >= C and cache.stride(0) >= cache.shape[1] * cache.stride(1)
+        checks.require(row is None or row.is_contiguous() and apart, OP,
+                       f"{name}_cache rows (dims after the first two) must be contiguous and apart (strides of "
+                       f"the first two dims >= a row, a block), got strides {cache.stride()}")
     if k.device.type == "cpu":   # values are free to read on the host (never a device sync here)
         check_values(slot_mapping, k, k_cache, v, v_cache)
 
@@ -94,6 +98,16 @@ def make_inputs(T, nb, bs, Hkv, D, dtype, gen, device="cpu", pad=0, fused=False,
     return tuple(out)
 
 
+def latent_inputs(T, nb, bs, R, Dr, dtype, gen, device="cpu"):
+    """MLA's write: (slot_mapping, c [T, R], cache[..., :R], k_r [T, Dr] (a slice of the projection),
+    cache[..., R:]) -- two column ranges of one [nb, bs, R + Dr] cache."""
+    slots = torch.randperm(nb * bs, generator=gen)[:T].to(torch.int32)
+    proj = torch.randn(T, 2 * R + Dr, generator=gen)                 # [q | c | k_r] of a fused projection
+    cache = torch.randn(nb, bs, R + Dr, generator=gen).to(dtype).to(device)
+    return (slots.to(device), torch.randn(T, R, generator=gen).to(dtype).to(device), cache[..., :R],
+            proj[:, R + R:].to(dtype).to(device), cache[..., R:])
+
+
 def _case(T, nb, bs, Hkv, D, pad=0, fused=False, only_k=False, dtypes=(torch.float32, torch.bfloat16)):
     def make(device, dtype, gen):
         return make_inputs(T, nb, bs, Hkv, D, dtype, gen, device, pad, fused, only_k), {}
@@ -107,6 +121,8 @@ def cases():
         _case(37, 4, 16, 2, 60, pad=5, dtypes=checks.FLOATS),        # padding tokens, odd head dim
         _case(9, 2, 8, 1, 96, only_k=True),                          # one cache
         _case(0, 2, 16, 2, 64),                                      # no tokens
+        Case("MLA-latent-T3-R64-Dr16", lambda device, dtype, gen: (latent_inputs(3, 2, 4, 64, 16, dtype, gen,
+                                                                                 device), {})),
     ]
 
 

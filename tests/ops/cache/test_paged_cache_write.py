@@ -59,6 +59,22 @@ def test_one_cache_and_no_tokens(impl):
     assert torch.equal(kc.cpu(), want)
 
 
+@pytest.mark.parametrize("impl", _impls())
+def test_two_column_ranges_of_one_cache(impl):
+    """MLA's latent: the normed part and the rope key into the two column ranges of one cache, in one
+    call -- the rows torch.cat then one write would give, every other value as it was."""
+    g = torch.Generator().manual_seed(1)
+    cache = torch.randn(2, 4, 7, generator=g)
+    c, proj = torch.randn(3, 5, generator=g), torch.randn(3, 9, generator=g)
+    k_r = proj[:, 7:]                                             # [3, 2], row stride 9
+    slots = torch.tensor([5, -1, 0], dtype=torch.int32)
+    want = cache.clone()
+    want[1, 1], want[0, 0] = torch.cat([c[0], k_r[0]]), torch.cat([c[2], k_r[2]])
+    cache = cache.to(DEV)
+    route(impl, slots.to(DEV), c.to(DEV), cache[..., :5], k_r.to(DEV), cache[..., 5:])
+    assert torch.equal(cache.cpu(), want)
+
+
 def test_device_kernel_skips_a_slot_past_the_cache():
     # the kernel cannot raise (no host sync in a captured graph): a slot past the cache writes
     # nothing -- and nothing outside the cache, which is a view of a larger buffer here
@@ -88,6 +104,8 @@ BAD = {
     "cache-2d": (lambda a: a.__setitem__(2, torch.randn(6, 8)), "k_cache must have 3 or more dims"),
     "cache-rows-strided": (lambda a: a.__setitem__(2, torch.randn(3, 2, 4, 2).transpose(2, 3)),
                            "k_cache rows (dims after the first two) must be contiguous"),
+    "cache-rows-overlap": (lambda a: a.__setitem__(2, torch.randn(40).as_strided((3, 2, 2, 4), (8, 4, 4, 1))),
+                           "k_cache rows (dims after the first two) must be contiguous and apart"),
     "slot-past-cache": (lambda a: a[0].__setitem__(1, 6), "slot_mapping[1] = 6 outside [0, 6)"),
 }
 
