@@ -61,9 +61,10 @@ class MLAttention(nn.Module):
         kv = cache.mla_cache[self.layer_idx]                         # [NB, bs, R + Dr]
         q_in, c, k_r = quant.linear(x, self, "in_proj").split([getattr(self, self.q_in).weight.shape[0], self.R, self.Dr], dim=-1)
         q = self._q(q_in).view(T, self.H, self.Dn + self.Dr)         # [T, H, Dn + Dr]
-        latent = torch.cat([self.kv_a_layernorm(c), k_r], dim=-1)    # [T, R + Dr]
-        # device-side rows: no host sync, capturable in a graph
-        ops.paged_cache_write(batch.slot_mapping, latent.to(kv.dtype), kv)
+        # the latent [normed c | k_r] written as its two parts into the cache's two column ranges, in one
+        # launch (no concatenation); device-side rows: no host sync, capturable in a graph
+        ops.paged_cache_write(batch.slot_mapping, self.kv_a_layernorm(c).to(kv.dtype), kv[..., :self.R],
+                              k_r.to(kv.dtype), kv[..., self.R:])
         w_kv = self.kv_b_proj.weight.view(self.H, self.Dn + self.Dv, self.R)
         d = T if batch.decode else batch.leading_decodes
         if d == T:
