@@ -260,10 +260,30 @@ def decode_rate(model, engine, batch: int, prompt: int, new: int, seed: int, tok
     return batch / steps[len(steps) // 2] if steps else float("nan")
 
 
+class _Forced:
+    """A form that dispatches with registry overrides ('force:greedy_tokens=native': the kernels before a port)."""
+
+    def __init__(self, text: str):
+        from kernelgate import registry
+        self.overrides = registry.parse_overrides(text)
+
+    def install(self) -> str:
+        from kernelgate import registry
+        for op, impl in self.overrides.items():
+            registry.force(op, impl)
+        return f"forced: {', '.join(f'{k}={v}' for k, v in self.overrides.items())}"
+
+    def uninstall(self) -> None:
+        from kernelgate import registry
+        for op in self.overrides:
+            registry.force(op, None)
+
+
 def forms(spec: str) -> list:
     """--forms 'none;gemv_inflight:ahead=2,pf_bytes=4096;gemv_inflight:ahead=2+kda_up_gemv' -> per form
     (label, [(module, install kwargs)]): probes from bench/ops/variants with install(**kw) / uninstall()
-    (e.g. gemv_inflight.py, kda_up_gemv.py), '+' installing several at once; none: dispatch's kernels."""
+    (e.g. gemv_inflight.py, kda_up_gemv.py), '+' installing several at once; none: dispatch's kernels;
+    force:op=impl,op2=impl2: dispatch with those overrides (registry.force)."""
     import importlib
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "variants"))
     out = []
@@ -271,6 +291,9 @@ def forms(spec: str) -> list:
         probes = []
         for p in ([] if f == "none" else f.split("+")):
             name, _, kv = p.strip().partition(":")
+            if name == "force":                     # force:op=impl,op2=impl2 -- dispatch with those overrides
+                probes.append((_Forced(kv), {}))
+                continue
             kw = {k.strip(): int(v) for k, v in (a.split("=") for a in kv.split(",") if a.strip())}
             probes.append((importlib.import_module(name), kw))
         out.append(("" if f == "none" else f" [{f}]", probes))

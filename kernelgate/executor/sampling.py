@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import ops
+
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """logits [V] fp32 -> temperature-scaled logits with tokens outside top-k / top-p at -inf."""
@@ -40,12 +42,11 @@ def sample_async(logits: torch.Tensor, params: list, generators: list) -> torch.
 
     The sampled rows are filtered and drawn together (`filter_logits`' rules, row by row, in a
     few batched ops): per row a kernel sequence would be ~10 launches, 640 a step at 64 streams."""
-    # two passes over the logits, not six (isfinite is four): max propagates NaN, the first maximum wins
-    top, out = logits.max(dim=-1)
-    finite = torch.isfinite(top) & torch.isfinite(logits.amin(dim=-1))
+    out = ops.greedy_tokens(logits)          # each row's first maximum, -1 where a logit is not finite
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
-        return torch.where(finite, out, -1)
+        return out
+    finite = out >= 0
     dev, V = logits.device, logits.shape[-1]
     idx = torch.tensor(rows, device=dev)
     ps = [params[i] for i in rows]

@@ -1,0 +1,1 @@
+from . import greedy_tokens  # noqa: F401
