@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny widths (a smoke run of this script, e.g. on a CPU)")
     ap.add_argument("--json", help="also write the tables here")
     ap.add_argument("--forms", default="none", help="full: ';'-separated decode forms, as fp8_decode.py's --forms "
-                    "(e.g. 'none;gdn_fused_decode'); the prefill runs with the last")
+                    "(e.g. 'none;force:greedy_tokens=native'); the prefill runs with the last")
     args = ap.parse_args(argv)
     import torch
 

@@ -11,7 +11,7 @@ This lists both, so a device profile can be read against it and the launches a f
 
     PYTHONPATH=. python bench/probes/step_launches.py                             # Kimi FP8, sm_90
     PYTHONPATH=. python bench/probes/step_launches.py --family qwen --weights bf16
-    PYTHONPATH=. python bench/probes/step_launches.py --forms "kda_fused_decode+router_topk_one_launch"
+    PYTHONPATH=. python bench/probes/step_launches.py --forms "kda_up_gemv"
 
 Widths are the real models' (Kimi-Linear-48B-A3B, Qwen3.5-MoE-35B-A3B) but for 16 experts, a 4,096-token
 vocabulary and 4 layers (3 linear-attention : 1 attention), so that the model fits this machine; the launches
