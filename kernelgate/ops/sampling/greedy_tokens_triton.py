@@ -3,6 +3,8 @@
 Each program finds its block's first maximum and whether the block holds a NaN / infinity, writes them to a
 scratch row, and counts itself out on the row's counter (an acq_rel atomic); the row's last program reduces
 the blocks in order -- the first maximum of the row, or -1 -- and resets the counter for the next call.
+The counters are per device: calls on one device must not overlap (the engine samples its steps one after
+another on one stream).
 """
 from __future__ import annotations
 
