@@ -4,16 +4,14 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
 (gate/up and down launches), beside the launch dispatch makes.
 
     PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot] [--masked] [--bf16]
-        [--shapes "KDA in_proj,MLA q_proj"] [--forms "ahead=2;ahead=3;ahead=2,pf_bytes=4096"] [--splits 1,2,3,4]
+        [--shapes "KDA in_proj,MLA q_proj"] [--forms "ahead=2;ahead=3;ahead=2,pf_bytes=4096"]
         [--decode int]
 
 --bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
 moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps of C
 codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no gain for the experts).
---splits 1,2,4: the projections also with K split over that many programs a row block (the probe
-bench/ops/variants/gemv_split.py: parts of whole steps and scale blocks, summed by the row block's last
-program). --decode int: the codes decoded with integer ops on every device instead of the PTX conversions
-(Session 35: slower on the H200, experts 22.3 -> 28.7 µs). --forms: the projections also with
+--decode int: the codes decoded with integer ops on every device instead of the PTX conversions (Session 35:
+slower on the H200, Kimi experts 22.3 -> 29.5 µs). --forms: the projections also with
 bench/ops/variants/gemv_inflight.py's forms (weight tiles 2-3 steps ahead, an L2 prefetch of the rows). The
 linear table says for each launch whether its step keeps the activations in registers on sm_90 (exchange-free:
 C / 4 < 32 x warps; else a shared-memory exchange every step).
@@ -40,7 +38,6 @@ from fused_experts_gemv_sweep import with_shared  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants"))
 import gemv_inflight as gi  # noqa: E402
-import gemv_split as gs  # noqa: E402
 
 from kernelgate import platform  # noqa: E402
 from kernelgate.ops.moe import fused_experts as fe  # noqa: E402
@@ -77,21 +74,16 @@ def exchange_free(W: int, warps: int) -> bool:
     return W < 32 * warps
 
 
-def linear_grid(quick, splits=(1,)):
-    """(R, C, warps, S): S the K parts asked (gemv_split.split_k cuts them to what fits)."""
-    if quick and len(splits) > 1:
-        base = [(16, 256, 4), (8, 256, 2), (16, 512, 4), (32, 512, 8)]
-    elif quick:
-        base = [(32, 256, 4), (16, 512, 4), (16, 512, 8), (8, 512, 2), (32, 512, 8), (16, 1024, 16)]
-    else:
-        base = [c for c in itertools.product((8, 16, 32, 64), CODES, (2, 4, 8, 16))
-                if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
-    return [(*c, S) for S in splits for c in base]
+def linear_grid(quick):
+    if quick:
+        return [(32, 256, 4), (16, 512, 4), (16, 512, 8), (8, 512, 2), (32, 512, 8), (16, 1024, 16)]
+    return [c for c in itertools.product((8, 16, 32, 64), CODES, (2, 4, 8, 16))
+            if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
 
 
-def linear(dev, bw, quick, shapes=None, forms=(None,), splits=(1,)):
+def linear(dev, bw, quick, shapes=None, forms=(None,)):
     """forms: None (dispatch's kernel) or gemv_inflight.install arguments (prefetch, tiles ahead)."""
-    print("| shape | form | launch (R, C, warps, K parts) | codes a step | exchange-free | µs | of floor | bf16 err | fp32 err |")
+    print("| shape | form | launch (R, C, warps) | codes a step | exchange-free | µs | of floor | bf16 err | fp32 err |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|")
     for name, (N, K) in SHAPES.items():
         if shapes and name not in shapes:
@@ -110,10 +102,10 @@ def linear(dev, bw, quick, shapes=None, forms=(None,), splits=(1,)):
             if form is not None:
                 gi.install(bf16=False, **form)
             try:
-                for R, C, wp, S in linear_grid(quick, splits):
-                    cfg = dict(form="gemv", R=R, C=C, num_warps=wp, S=S)
-                    S, W, _ = gs.split_k(K // 4, S, C, 32, False)
-                    row = f"| {name} | {label} | {R}, {C}, {wp}, {S} | {4 * W} | {'yes' if exchange_free(W, wp) else 'no'} |"
+                for R, C, wp in linear_grid(quick):
+                    cfg = dict(form="gemv", R=R, C=C, num_warps=wp)
+                    W = gt.step(K, C)[0]
+                    row = f"| {name} | {label} | {R}, {C}, {wp} | {4 * W} | {'yes' if exchange_free(W, wp) else 'no'} |"
                     try:
                         err = rel_err(flt.fp8_linear_triton(x, w, s, **cfg), ref)
                         err32 = rel_err(flt.fp8_linear_triton(x.float(), w, s, **cfg), ref32)
@@ -300,7 +292,6 @@ def main() -> int:
                          "'ahead=2;ahead=3;ahead=2,pf_bytes=4096' (--linear), 'experts_ahead=2' (--experts)")
     ap.add_argument("--masked", action="store_true",
                     help="K steps of C codes even where they do not tile K (the last step masked), and C up to 2048")
-    ap.add_argument("--splits", default="1", help="--linear: comma-separated K parts to try (variants/gemv_split.py)")
     ap.add_argument("--decode", choices=("dispatch", "int"), default="dispatch",
                     help="int: decode the codes with integer ops on every device (no inline PTX), to see whether "
                          "the conversion instructions bound the loop")
@@ -319,14 +310,11 @@ def main() -> int:
     print(f"copy bandwidth {bw:.0f} GB/s")
     both = not (a.linear or a.experts)
     forms = [None] + [parse_form(f) for f in a.forms.split(";") if f.strip()]
-    if a.splits != "1":
-        print(gs.install(split_rows=0))                 # dispatch's calls unchanged; launches with S split
     if a.linear or both:
         if a.dot:
             dot_linear(dev, bw, a.quick)
         else:
-            linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()], forms,
-                   tuple(int(v) for v in a.splits.split(",")))
+            linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()], forms)
     if a.experts or both:
         for qwen in (False, True):
             if a.dot:
