@@ -294,7 +294,8 @@ def forms(spec: str) -> list:
             if name == "force":                     # force:op=impl,op2=impl2 -- dispatch with those overrides
                 probes.append((_Forced(kv), {}))
                 continue
-            kw = {k.strip(): int(v) for k, v in (a.split("=") for a in kv.split(",") if a.strip())}
+            kw = {k.strip(): int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+                  for k, v in (a.split("=") for a in kv.split(",") if a.strip())}
             probes.append((importlib.import_module(name), kw))
         out.append(("" if f == "none" else f" [{f}]", probes))
     return out

@@ -5,13 +5,15 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
 
     PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot] [--masked] [--bf16]
         [--shapes "KDA in_proj,MLA q_proj"] [--forms "ahead=2;ahead=3;ahead=2,pf_bytes=4096"]
-        [--decode int]
+        [--decode int] [--mma]
 
 --bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
 moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps of C
 codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no gain for the experts).
 --decode int: the codes decoded with integer ops on every device instead of the PTX conversions (Session 35:
-slower on the H200, Kimi experts 22.3 -> 29.5 µs). --forms: the projections also with
+slower on the H200, Kimi experts 22.3 -> 29.5 µs). --mma: the projections also on the matrix units with
+bench/ops/variants/mma_gemv.py (operands from registers; f16 / e4m3 modes, 2-16 warps a program; the time
+includes its prep launch of the token). --forms: the projections also with
 bench/ops/variants/gemv_inflight.py's forms (weight tiles 2-3 steps ahead, an L2 prefetch of the rows). The
 linear table says for each launch whether its step keeps the activations in registers on sm_90 (exchange-free:
 C / 4 < 32 x warps; else a shared-memory exchange every step).
@@ -38,6 +40,7 @@ from fused_experts_gemv_sweep import with_shared  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants"))
 import gemv_inflight as gi  # noqa: E402
+import mma_gemv as mg  # noqa: E402
 
 from kernelgate import platform  # noqa: E402
 from kernelgate.ops.moe import fused_experts as fe  # noqa: E402
@@ -119,6 +122,43 @@ def linear(dev, bw, quick, shapes=None, forms=(None,)):
                     print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} | {err32:.1e} |", flush=True)
             finally:
                 gi.uninstall()
+
+
+def mma_linear(dev, bw, shapes=None):
+    """mma_gemv.fp8_linear_mma at one token beside the dispatched GEMV, weights cold; each launch checked first:
+    f16 against the definition (fp32 out, exact products: 1e-6), e4m3 against the w8a8 definition."""
+    from kernelgate.ops.quant.fp8_weights import dequantize_fp8, quantize_fp8_groups
+    print("| shape | form | warps | µs | of floor | fp32-out err |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, (N, K) in SHAPES.items():
+        if shapes and name not in shapes:
+            continue
+        gen = torch.Generator(device=dev).manual_seed(0)
+        (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
+        floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
+        copies = [(x, w, s)] + [(x, w.clone(), s.clone()) for _ in range(max(1, -(-(256 << 20) // w.numel()) - 1))]
+        us = cold_us(flt.fp8_linear_triton, copies, dev)
+        print(f"| {name} | dispatched GEMV | | {us:.1f} | {floor_us / us:.2f} | |", flush=True)
+        wd = dequantize_fp8(w, s, (128, 128))
+        xq, xs = quantize_fp8_groups(x.float(), 128)
+        refs = {"f16": x.float() @ wd.t(), "e4m3": dequantize_fp8(xq, xs, (1, 128)) @ wd.t()}
+        n_it = K // 128
+        for mode, warps in itertools.product(("f16", "e4m3"), (0, 2, 4, 8, 16)):
+            if warps > n_it:
+                continue
+            nw = warps or mg.warps_for(N, n_it)
+            row = f"| {name} | mma {mode} | {nw}{' (auto)' if not warps else ''} |"
+            try:
+                err = rel_err(mg.fp8_linear_mma(x, w, s, mode=mode, num_warps=nw, out=torch.empty(1, N, device=dev)),
+                              refs[mode])
+            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
+                print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
+                continue
+            if err > 1e-5:
+                print(f"{row} wrong | | {err:.1e} |")
+                continue
+            us = cold_us(mg.fp8_linear_mma, copies, dev, mode=mode, num_warps=nw)
+            print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
 
 
 def experts(dev, bw, quick, qwen, bf16=False, forms=(None,)):
@@ -295,6 +335,7 @@ def main() -> int:
     ap.add_argument("--decode", choices=("dispatch", "int"), default="dispatch",
                     help="int: decode the codes with integer ops on every device (no inline PTX), to see whether "
                          "the conversion instructions bound the loop")
+    ap.add_argument("--mma", action="store_true", help="the projections on the matrix units (variants/mma_gemv.py)")
     a = ap.parse_args()
     if a.decode == "int":
         gt.ptx_decode = gv8.ptx_decode = lambda plat: False
@@ -313,6 +354,8 @@ def main() -> int:
     if a.linear or both:
         if a.dot:
             dot_linear(dev, bw, a.quick)
+        elif a.mma:
+            mma_linear(dev, bw, [n.strip() for n in a.shapes.split(",") if n.strip()])
         else:
             linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()], forms)
     if a.experts or both:
