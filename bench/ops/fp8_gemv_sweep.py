@@ -11,9 +11,9 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
 moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps of C
 codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no gain for the experts).
 --decode int: the codes decoded with integer ops on every device instead of the PTX conversions (Session 35:
-slower on the H200, Kimi experts 22.3 -> 29.5 µs). --mma: the projections also on the matrix units with
-bench/ops/variants/mma_gemv.py (operands from registers; f16 / e4m3 modes, 2-16 warps a program; the time
-includes its prep launch of the token). --forms: the projections also with
+slower on the H200, Kimi experts 22.3 -> 29.5 µs). --mma: the projections and the experts on the matrix units
+instead (bench/ops/variants/mma_gemv.py, mma_experts.py: operands from registers; f16 / e4m3 modes, 2-16 warps a
+program; the times include the prep launches of the token and of h). --forms: the projections also with
 bench/ops/variants/gemv_inflight.py's forms (weight tiles 2-3 steps ahead, an L2 prefetch of the rows). The
 linear table says for each launch whether its step keeps the activations in registers on sm_90 (exchange-free:
 C / 4 < 32 x warps; else a shared-memory exchange every step).
@@ -143,6 +143,9 @@ def mma_linear(dev, bw, shapes=None):
         xq, xs = quantize_fp8_groups(x.float(), 128)
         refs = {"f16": x.float() @ wd.t(), "e4m3": dequantize_fp8(xq, xs, (1, 128)) @ wd.t()}
         n_it = K // 128
+        for mode in ("f16", "e4m3"):                  # the token's prep alone (part of every mma time below)
+            us = benchmark.graph_us(lambda: mg.prep(x, mg.MODES[mode], 128), dev)
+            print(f"| {name} | prep of the token, {mode} | | {us:.1f} | | |", flush=True)
         for mode, warps in itertools.product(("f16", "e4m3"), (0, 2, 4, 8, 16)):
             if warps > n_it:
                 continue
@@ -188,6 +191,43 @@ def experts(dev, bw, quick, qwen, bf16=False, forms=(None,)):
             _experts_launches(gemv, cfg, args, args32, ref, ref32, routings, kw, floor_us, dev, quick, qwen, bf16)
         finally:
             gi.uninstall()
+
+
+def mma_experts(dev, bw, qwen):
+    """mma_experts.fused_experts_fp8_mma at one token (+ the shared expert) beside the dispatched GEMV, 16
+    routings cycled; each launch checked first against the definition (f16: 2e-2 in bf16; e4m3: 1e-1, its x
+    and h rounded to e4m3)."""
+    import mma_experts as mx
+    D, I = (2048, 512) if qwen else (2304, 1024)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
+    args = with_shared(args)
+    routings = [args]
+    for _ in range(15):
+        ids = torch.randperm(256, generator=gen, device=dev)[None, :8].to(args[4].dtype)
+        routings.append((*args[:4], torch.cat([ids, args[4][:, -1:]], 1), *args[5:]))
+    ref = fe8.fused_experts_fp8_native(*args, **kw)
+    floor_us = fe8._bytes(args, kw) / (bw * 1e9) * 1e6
+    us = cold_us(gv8.fused_experts_fp8_gemv, routings, dev, **kw)
+    print(f"\nFP8 experts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared) on mma_experts: floor "
+          f"{floor_us:.1f} µs; dispatched GEMV {us:.1f} µs ({floor_us / us:.2f})")
+    print("| mode | gate/up warps | down warps | µs | of floor | bf16 err |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for mode, gw, dw in itertools.product(("f16", "e4m3"), (0, 2, 4, 8), (0, 2, 4, 8)):
+        if (gw == 0) != (dw == 0):
+            continue
+        mkw = dict(kw, mode=mode, gate_up_warps=gw, down_warps=dw)
+        row = f"| {mode} | {gw or 'auto'} | {dw or 'auto'} |"
+        try:
+            err = rel_err(mx.fused_experts_fp8_mma(*args, **mkw), ref)
+        except Exception as e:  # noqa: BLE001
+            print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
+            continue
+        if err > (2e-2 if mode == "f16" else 1e-1):
+            print(f"{row} wrong | | {err:.1e} |")
+            continue
+        us = cold_us(mx.fused_experts_fp8_mma, routings, dev, **mkw)
+        print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
 
 
 def _experts_launches(gemv, cfg, args, args32, ref, ref32, routings, kw, floor_us, dev, quick, qwen, bf16):
@@ -335,7 +375,7 @@ def main() -> int:
     ap.add_argument("--decode", choices=("dispatch", "int"), default="dispatch",
                     help="int: decode the codes with integer ops on every device (no inline PTX), to see whether "
                          "the conversion instructions bound the loop")
-    ap.add_argument("--mma", action="store_true", help="the projections on the matrix units (variants/mma_gemv.py)")
+    ap.add_argument("--mma", action="store_true", help="on the matrix units (variants/mma_gemv.py, mma_experts.py)")
     a = ap.parse_args()
     if a.decode == "int":
         gt.ptx_decode = gv8.ptx_decode = lambda plat: False
@@ -362,6 +402,8 @@ def main() -> int:
         for qwen in (False, True):
             if a.dot:
                 dot_experts(dev, bw, a.quick, qwen)
+            elif a.mma:
+                mma_experts(dev, bw, qwen)
             else:
                 experts(dev, bw, a.quick, qwen, a.bf16, forms)
     return 0

@@ -237,60 +237,66 @@ def _scaled(acc0, acc1, acc2, acc3, p0, p1, p2, p3, ps, pxe, pxo, ok, MODE: tl.c
 
 
 @triton.jit
-def _block(pa, pb, px, ok, MODE: tl.constexpr, SUBS: tl.constexpr, NW: tl.constexpr, MASKED: tl.constexpr,
-           EMULATE: tl.constexpr):
+def _block(pa, pb, px, ok, sub0, n_sub, MODE: tl.constexpr, SUBS: tl.constexpr, NW: tl.constexpr,
+           MASKED: tl.constexpr, EMULATE: tl.constexpr):
     """One iteration's partial D over SUBS 64-code steps (a K scale block) of the lanes' rows; pa / pb / px:
-    the lanes' first words (row g, row g + 8, the token's), int64."""
+    the lanes' first words (row g, row g + 8, the token's), int64. MASKED: only where ok and the step
+    (sub0 + s) is below n_sub (K's last block may be partial)."""
     L: tl.constexpr = 32 * NW
     p0 = tl.zeros([L], dtype=tl.float32)
     p1 = tl.zeros([L], dtype=tl.float32)
     p2 = tl.zeros([L], dtype=tl.float32)
     p3 = tl.zeros([L], dtype=tl.float32)
     for s in tl.static_range(SUBS):
+        if MASKED:
+            ok_s = ok & (sub0 + s < n_sub)
+        else:
+            ok_s = ok
         for j in tl.static_range(2):
-            wa = _ld(pa + s * 8 + j, ok, MASKED)
-            wb = _ld(pb + s * 8 + j, ok, MASKED)
+            wa = _ld(pa + s * 8 + j, ok_s, MASKED)
+            wb = _ld(pb + s * 8 + j, ok_s, MASKED)
             if MODE == 1:
-                xb = _ld(px + s * 8 + j, ok, MASKED)
+                xb = _ld(px + s * 8 + j, ok_s, MASKED)
                 p0, p1, p2, p3 = mma_e4m3(_lo(wa), _lo(wb), _hi(wa), _hi(wb), _lo(xb), _hi(xb),
                                           p0, p1, p2, p3, NW, EMULATE)
             else:
-                xb = _ld(px + s * 16 + 2 * j, ok, MASKED)
+                xb = _ld(px + s * 16 + 2 * j, ok_s, MASKED)
                 p0, p1, p2, p3 = mma_f16(_lo(wa), _lo(wb), _lo(xb), _hi(xb), p0, p1, p2, p3, NW, EMULATE)
-                xb = _ld(px + s * 16 + 2 * j + 1, ok, MASKED)
+                xb = _ld(px + s * 16 + 2 * j + 1, ok_s, MASKED)
                 p0, p1, p2, p3 = mma_f16(_hi(wa), _hi(wb), _lo(xb), _hi(xb), p0, p1, p2, p3, NW, EMULATE)
     return p0, p1, p2, p3
 
 
 @triton.jit
-def _mma_gemv_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, y_ptr, T, N, swn, sxt, ssn, ssk, sxs, syt, bn, n_it,
-                     MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, SUBS: tl.constexpr, NW: tl.constexpr,
-                     EMULATE: tl.constexpr, PDL: tl.constexpr):
-    # w: int64 words of 8 codes [N, K / 8]; x: the prepped token rows as int64 words (8 codes E4M3, 4 fp16 F16);
-    # an iteration: SUBS 64-code steps = one K scale block (n_it of them; SUBS = 1 with one K block).
-    # Iteration i is warp i % NW's. Rows past N and tokens past T read row N - 1 / token T - 1: their
-    # results are not stored, and an mma's rows and columns do not mix.
+def rows16(w_rows, swn, n0, N, s_rows, ssk, x_rows, sxt, T, xs_ptr, sxs, n_sub, MODE: tl.constexpr,
+           ONE_KBLOCK: tl.constexpr, SUBS: tl.constexpr, NW: tl.constexpr, EMULATE: tl.constexpr):
+    """The warps' sum of D for weight rows n0 .. n0 + 15 of w_rows (int64 words of 8 codes, row stride swn;
+    rows past N read row N - 1) and the prepped token rows x_rows (int64 words: 8 codes E4M3, 4 fp16 F16;
+    row stride sxt; tokens past T read token T - 1: an mma's rows and columns do not mix), over the n_sub
+    64-code steps of K in iterations of SUBS steps -- one K scale block each (SUBS = 1 with one K block; the
+    last one partial where K is not a multiple of the block), iteration i warp i % NW's, each times its block's scale at s_rows + i * ssk (and, E4M3, the tokens' group scales
+    xs_ptr[token * sxs + i]). Returns [32] a lane (g, t): rows n0 + g (r0, r1) and n0 + g + 8 (r2, r3) at
+    tokens 2t (r0, r2) and 2t + 1 (r1, r3)."""
     L: tl.constexpr = 32 * NW
     XW: tl.constexpr = 8 if MODE == 1 else 16            # int64 words of the token a 64-code step
-    n0 = tl.program_id(0) * 16
     ln = tl.arange(0, L)
     warp = ln // 32
     g = (ln % 32) // 4
     t = ln % 4
-    pa = w_ptr + tl.minimum(n0 + g, N - 1).to(tl.int64) * swn + 2 * t + warp * (SUBS * 8)
-    pb = w_ptr + tl.minimum(n0 + g + 8, N - 1).to(tl.int64) * swn + 2 * t + warp * (SUBS * 8)
-    px = x_ptr + tl.minimum(g, T - 1).to(tl.int64) * sxt + (2 * t if MODE == 1 else 4 * t) + warp * (SUBS * XW)
-    ps = s_ptr + (n0 // bn).to(tl.int64) * ssn + warp * ssk                  # the rows' block scale, iteration's K block
-    pxe = xs_ptr + tl.minimum(2 * t, T - 1) * sxs + warp                     # E4M3: the tokens' group scales
+    pa = w_rows + tl.minimum(n0 + g, N - 1).to(tl.int64) * swn + 2 * t + warp * (SUBS * 8)
+    pb = w_rows + tl.minimum(n0 + g + 8, N - 1).to(tl.int64) * swn + 2 * t + warp * (SUBS * 8)
+    px = x_rows + tl.minimum(g, T - 1).to(tl.int64) * sxt + (2 * t if MODE == 1 else 4 * t) + warp * (SUBS * XW)
+    ps = s_rows + warp * ssk
+    pxe = xs_ptr + tl.minimum(2 * t, T - 1) * sxs + warp
     pxo = xs_ptr + tl.minimum(2 * t + 1, T - 1) * sxs + warp
-    inputs_ready(PDL)
     acc0 = tl.zeros([L], dtype=tl.float32)
     acc1 = tl.zeros([L], dtype=tl.float32)
     acc2 = tl.zeros([L], dtype=tl.float32)
     acc3 = tl.zeros([L], dtype=tl.float32)
-    rounds = n_it // NW
+    n_it = (n_sub + SUBS - 1) // SUBS
+    rounds = (n_sub // SUBS) // NW                       # rounds of whole iterations, unmasked
     for _ in range(0, rounds):
-        p0, p1, p2, p3 = _block(pa, pb, px, None, MODE, SUBS, NW, False, EMULATE)
+        p0, p1, p2, p3 = _block(pa, pb, px, None, None, None, MODE, SUBS, NW, False, EMULATE)
         acc0, acc1, acc2, acc3 = _scaled(acc0, acc1, acc2, acc3, p0, p1, p2, p3, ps, pxe, pxo, None,
                                          MODE, ONE_KBLOCK, False)
         pa += NW * SUBS * 8
@@ -299,16 +305,27 @@ def _mma_gemv_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, y_ptr, T, N, swn, sxt, ssn, ss
         ps += NW * ssk
         pxe += NW
         pxo += NW
-    if rounds * NW < n_it:                               # the last, partial round
-        ok = rounds * NW + warp < n_it
-        p0, p1, p2, p3 = _block(pa, pb, px, ok, MODE, SUBS, NW, True, EMULATE)
+    if rounds * NW < n_it:                               # the last round: NW iterations at most, masked
+        it = rounds * NW + warp
+        ok = it < n_it
+        p0, p1, p2, p3 = _block(pa, pb, px, ok, it * SUBS, n_sub, MODE, SUBS, NW, True, EMULATE)
         acc0, acc1, acc2, acc3 = _scaled(acc0, acc1, acc2, acc3, p0, p1, p2, p3, ps, pxe, pxo, ok,
                                          MODE, ONE_KBLOCK, True)
-    # the warps' partials summed; lane (g, t) of the sum: rows n0 + g, n0 + g + 8 at tokens 2t, 2t + 1
     r0 = tl.sum(tl.reshape(acc0, [NW, 32]), axis=0)
     r1 = tl.sum(tl.reshape(acc1, [NW, 32]), axis=0)
     r2 = tl.sum(tl.reshape(acc2, [NW, 32]), axis=0)
     r3 = tl.sum(tl.reshape(acc3, [NW, 32]), axis=0)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def _mma_gemv_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, y_ptr, T, N, swn, sxt, ssn, ssk, sxs, syt, bn, n_sub,
+                     MODE: tl.constexpr, ONE_KBLOCK: tl.constexpr, SUBS: tl.constexpr, NW: tl.constexpr,
+                     EMULATE: tl.constexpr, PDL: tl.constexpr):
+    n0 = tl.program_id(0) * 16
+    inputs_ready(PDL)
+    r0, r1, r2, r3 = rows16(w_ptr, swn, n0, N, s_ptr + (n0 // bn).to(tl.int64) * ssn, ssk, x_ptr, sxt, T, xs_ptr,
+                            sxs, n_sub, MODE, ONE_KBLOCK, SUBS, NW, EMULATE)
     lane = tl.arange(0, 32)
     rg = n0 + lane // 4
     te = 2 * (lane % 4)
@@ -358,6 +375,19 @@ def unsupported(x, weight, weight_scale, block_size) -> str | None:
     return None
 
 
+def prep(x: torch.Tensor, mode: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token rows x [T, K] as the GEMVs read them: E4M3 (codes uint8 [T, K], scales [T, ceil(K / bk)]),
+    F16 (fp16 [T, K], the tokens' powers of two [T, 1]); one PDL launch."""
+    T, K = x.shape
+    group = bk if mode == E4M3 else K
+    groups = triton.cdiv(K, group)
+    xq = alloc.empty((T, K), torch.uint8 if mode == E4M3 else torch.float16, x.device)
+    xs = alloc.empty((T, groups), torch.float32, x.device)
+    _prep_kernel[(T, groups)](x, xq, xs, K, group, x.stride(0), xq.stride(0), xs.stride(0), MODE=mode,
+                              BLOCK=128, num_warps=4, **pdl_args())
+    return xq, xs
+
+
 def warps_for(N: int, n_it: int, want: int = 2048) -> int:
     """Warps a program: about `want` warps in all (H200: 132 SMs x ~16 resident, each warp ~2 KB in flight an
     iteration), at most one iteration each and 16 a program."""
@@ -376,23 +406,16 @@ def fp8_linear_mma(x, weight, weight_scale, block_size=(128, 128), mode: str = "
     bn, bk = block_dims(block_size, K)
     one = triton.cdiv(K, bk) == 1
     subs = 1 if one else bk // STEP
-    group = bk if md == E4M3 else K
-    groups = triton.cdiv(K, group)
-    interp = platform.interpreting()
-    pdl = pdl_args()
-    xq = alloc.empty((T, K), torch.uint8 if md == E4M3 else torch.float16, x.device)
-    xs = alloc.empty((T, groups), torch.float32, x.device)
-    _prep_kernel[(T, groups)](x, xq, xs, K, group, x.stride(0), xq.stride(0), xs.stride(0), MODE=md,
-                              BLOCK=128, num_warps=4, **pdl)
+    xq, xs = prep(x, md, bk)
     y = alloc.empty((T, N), x.dtype, x.device) if out is None else out
     w = weight.view(torch.uint8).view(torch.int64)
     xw = xq.view(torch.int64)
-    n_it = (K // STEP) // subs
-    num_warps = num_warps or warps_for(N, n_it)
+    n_sub = K // STEP
+    num_warps = num_warps or warps_for(N, triton.cdiv(n_sub, subs))
     _mma_gemv_kernel[(triton.cdiv(N, 16),)](
         w, weight_scale, xw, xs, y, T, N, w.stride(0), xw.stride(0), *weight_scale.stride(), xs.stride(0),
-        y.stride(0), bn, n_it, MODE=md, ONE_KBLOCK=one, SUBS=subs, NW=num_warps, EMULATE=interp,
-        num_warps=num_warps, **pdl)
+        y.stride(0), bn, n_sub, MODE=md, ONE_KBLOCK=one, SUBS=subs, NW=num_warps, EMULATE=platform.interpreting(),
+        num_warps=num_warps, **pdl_args())
     return y
 
 

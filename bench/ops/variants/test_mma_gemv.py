@@ -30,8 +30,10 @@ import mma_gemv as mg  # noqa: E402
 
 interp = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
 
-SHAPES = [(40, 2304, (128, 128)), (24, 128, (128, 128)), (33, 192, None), (16, 640, (128, 128)),
-          (48, 1024, (16, 256))]
+# (N, K, block): 18 K blocks (a partial last round of warps); one K block; per channel; K = 320 and 192, whose
+# last K block is half a block; 256-wide blocks (4 steps an iteration) with 16-row scale blocks
+SHAPES = [(40, 2304, (128, 128)), (24, 128, (128, 128)), (33, 192, None), (16, 320, (128, 128)),
+          (20, 192, (128, 128)), (48, 1024, (16, 256))]
 
 
 def _inputs(T, N, K, block, seed):
@@ -106,6 +108,7 @@ def test_sm90_code(mode, tmp_path):
         pytest.skip(cs.available("sm_90"))
     x, w, s, block = _inputs(1, 64, 2304, (128, 128), 0)
     mg._mma_gemv_kernel.device_caches.clear()
+    mg._prep_kernel.device_caches.clear()
     with cs.targeting("sm_90") as rec:
         rec.begin({"specs": []})
         mg.fp8_linear_mma(x, w, s, block, mode=mode, num_warps=4)
