@@ -13,7 +13,8 @@ codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no
 --decode int: the codes decoded with integer ops on every device instead of the PTX conversions (Session 35:
 slower on the H200, Kimi experts 22.3 -> 29.5 µs). --mma: the projections and the experts on the matrix units
 instead (bench/ops/variants/mma_gemv.py, mma_experts.py: operands from registers; f16 / e4m3 modes, 2-16 warps a
-program; the times include the prep launches of the token and of h). --forms: the projections also with
+program; the times include the prep launches of the token and of h), and the projections through the package's
+triton_w8a8 kernel with 64-row token tiles (wgmma on fp8 on sm_90). --forms: the projections also with
 bench/ops/variants/gemv_inflight.py's forms (weight tiles 2-3 steps ahead, an L2 prefetch of the rows). The
 linear table says for each launch whether its step keeps the activations in registers on sm_90 (exchange-free:
 C / 4 < 32 x warps; else a shared-memory exchange every step).
@@ -161,6 +162,23 @@ def mma_linear(dev, bw, shapes=None):
                 print(f"{row} wrong | | {err:.1e} |")
                 continue
             us = cold_us(mg.fp8_linear_mma, copies, dev, mode=mode, num_warps=nw)
+            print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
+        # the package's w8a8 kernel with 64-row token tiles: on sm_90 its tl.dot is wgmma on fp8 (QGMMA, weight
+        # tiles staged by cp.async; the token padded to 64 rows, quantized by a launch of its own) -- never timed
+        # at one token before (Session 25's w8a8 probe used 16-row tiles: mma.sync, which sm_90 emulates)
+        ref8 = refs["e4m3"].to(torch.bfloat16)
+        for bn, wp, st in itertools.product((16, 32, 64, 128), (4,), (3, 4, 6)):
+            cfg = dict(BLOCK_M=64, BLOCK_N=bn, BLOCK_K=128, num_warps=wp, num_stages=st)
+            row = f"| {name} | triton_w8a8 BLOCK_M 64, BLOCK_N {bn}, {st} stages | {wp} |"
+            try:
+                err = rel_err(flt.fp8_linear_w8a8(x, w, s, **cfg), ref8)
+            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
+                print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
+                continue
+            if err > 1e-2:
+                print(f"{row} wrong | | {err:.1e} |")
+                continue
+            us = cold_us(flt.fp8_linear_w8a8, copies, dev, **cfg)
             print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
 
 

@@ -35,6 +35,7 @@ Triton gives the asm's operands (one element a thread, lane = element % 32) is r
 TTGIR (test_mma_gemv.py compiles it for sm_90 with compile_stand_in).
 
     install(mode="f16" | "e4m3", num_warps=0)   fp8_linear's one-token GEMV -> this probe (0: warps_for)
+    install(mode="wgmma", block_n=32, stages=4)  -> the package's triton_w8a8 kernel at 64-row token tiles
     uninstall()
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ import triton.language as tl
 from kernelgate import alloc, platform
 from kernelgate.ops.common.fp8_triton import encode_e4m3
 from kernelgate.ops.common.pdl import inputs_ready, pdl_args
+from kernelgate.ops.quant import fp8_linear as fl
 from kernelgate.ops.quant import fp8_linear_triton as flt
 from kernelgate.ops.quant.fp8_weights import AMAX_FLOOR, FP8_MAX, block_dims
 
@@ -425,15 +427,26 @@ _STATE: dict = {}
 
 
 def _gemv(x, weight, weight_scale, block_size, y, cfg=None):
-    if unsupported(x, weight, weight_scale, block_size) is None:
+    if "wgmma" in _STATE:                                # (fp8_linear_triton returns what its GEMV returns)
+        if x.dtype != torch.float32 and fl._w8a8_supports(x, weight, weight_scale, block_size) is None:
+            return flt.fp8_linear_w8a8(x, weight, weight_scale, block_size, **_STATE["wgmma"])
+    elif unsupported(x, weight, weight_scale, block_size) is None:
         return fp8_linear_mma(x, weight, weight_scale, block_size, out=y, **_STATE)
     return _ORIGINAL["gemv"](x, weight, weight_scale, block_size, y, cfg)
 
 
-def install(mode: str = "f16", num_warps: int = 0) -> str:
-    if mode not in MODES or num_warps not in (0, 1, 2, 4, 8, 16):
-        raise ValueError(f"mma_gemv: mode must be one of {sorted(MODES)} and num_warps 0 (by shape) or 1-16, "
+def install(mode: str = "f16", num_warps: int = 0, block_n: int = 32, stages: int = 4) -> str:
+    """mode f16 / e4m3: this module's kernels; wgmma: the package's triton_w8a8 kernel with 64-row token tiles
+    (block_n weight rows a program, `stages` cp.async stages; on sm_90 a wgmma on fp8, QGMMA)."""
+    if mode not in (*MODES, "wgmma") or num_warps not in (0, 1, 2, 4, 8, 16):
+        raise ValueError(f"mma_gemv: mode must be f16, e4m3 or wgmma and num_warps 0 (by shape) or 1-16, "
                          f"got {mode!r}, {num_warps}")
+    if mode == "wgmma":
+        _STATE["wgmma"] = dict(BLOCK_M=64, BLOCK_N=block_n, BLOCK_K=128, num_warps=num_warps or 4,
+                               num_stages=stages)
+        flt.fp8_gemv = _gemv
+        return (f"mma_gemv: fp8_linear's one-token GEMV -> triton_w8a8 with 64-row token tiles, {block_n} weight "
+                f"rows a program, {stages} stages, {num_warps or 4} warps")
     _STATE.update(mode=mode, num_warps=num_warps)
     flt.fp8_gemv = _gemv
     return (f"mma_gemv: fp8_linear's one-token GEMV on mma.sync ({mode}: "

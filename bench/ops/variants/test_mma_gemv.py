@@ -87,6 +87,22 @@ def test_install_routes_the_one_token_gemv():
     assert flt.fp8_gemv is mg._ORIGINAL["gemv"]
 
 
+@interp
+def test_install_wgmma_routes_to_w8a8():
+    x, w, s, block = _inputs(1, 40, 256, (128, 128), 8)
+    w8a16 = flt.fp8_linear_triton(x, w, s, block)
+    try:
+        assert "triton_w8a8" in mg.install(mode="wgmma", block_n=16, stages=2)
+        y = flt.fp8_linear_triton(x, w, s, block)
+        xq, xs = quantize_fp8_groups(x.float(), 128)
+        ref = dequantize_fp8(xq, xs, (1, 128)) @ dequantize_fp8(w, s, block).t()
+        assert rel_err(y, ref) < 1e-2 and rel_err(y, flt.fp8_linear_w8a8(x, w, s, block)) < 1e-3
+        assert rel_err(y, w8a16) > 1e-3                  # (the activation rounding: not the w8a16 GEMV's numbers)
+    finally:
+        mg.uninstall()
+    assert flt.fp8_gemv is mg._ORIGINAL["gemv"] and not mg._STATE
+
+
 def test_unsupported_says_why():
     x, w, s, block = _inputs(1, 16, 100, (128, 128), 0)
     assert "multiple of 64" in mg.unsupported(x, w, s, block)
