@@ -229,19 +229,21 @@ def mma_experts(dev, bw, qwen):
     us = cold_us(gv8.fused_experts_fp8_gemv, routings, dev, **kw)
     print(f"\nFP8 experts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared) on mma_experts: floor "
           f"{floor_us:.1f} µs; dispatched GEMV {us:.1f} µs ({floor_us / us:.2f})")
-    print("| mode | gate/up warps | down warps | µs | of floor | bf16 err |")
+    print("| mode | gate/up warps (wgmma: rows a program) | down warps (wgmma: stages) | µs | of floor | bf16 err |")
     print("|---|---:|---:|---:|---:|---:|")
-    for mode, gw, dw in itertools.product(("f16", "e4m3"), (0, 2, 4, 8), (0, 2, 4, 8)):
-        if (gw == 0) != (dw == 0):
-            continue
-        mkw = dict(kw, mode=mode, gate_up_warps=gw, down_warps=dw)
+    launches = [(m, gw, dw) for m, gw, dw in itertools.product(("f16", "e4m3"), (0, 2, 4, 8), (0, 2, 4, 8))
+                if (gw == 0) == (dw == 0)]
+    launches += [("wgmma", bn, st) for bn, st in itertools.product((16, 32, 64), (3, 4, 6))]
+    for mode, gw, dw in launches:
+        mkw = dict(kw, mode=mode, gate_up_warps=gw, down_warps=dw) if mode != "wgmma" else \
+            dict(kw, mode=mode, block_n=gw, stages=dw)
         row = f"| {mode} | {gw or 'auto'} | {dw or 'auto'} |"
         try:
             err = rel_err(mx.fused_experts_fp8_mma(*args, **mkw), ref)
         except Exception as e:  # noqa: BLE001
             print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
             continue
-        if err > (2e-2 if mode == "f16" else 1e-1):
+        if err > (2e-2 if mode == "f16" else 1e-1):           # (e4m3, wgmma: x and h rounded to e4m3)
             print(f"{row} wrong | | {err:.1e} |")
             continue
         us = cold_us(mx.fused_experts_fp8_mma, routings, dev, **mkw)

@@ -83,6 +83,29 @@ def test_parts_and_output(mode, D, I, E, k, block, limit, invalid):
 
 
 @interp
+@pytest.mark.parametrize("D,I,block,limit,invalid", [(256, 128, (128, 128), None, False),
+                                                     (384, 256, (128, 128), 0.5, True),
+                                                     (192, 64, None, None, False)])
+def test_wgmma_mode_matches_e4m3(D, I, block, limit, invalid):
+    """mode wgmma multiplies the same quantized operands as e4m3: h to its bf16 rounding, y from its own h to
+    fp32 round-off (exact fp8 products in both)."""
+    (x, gu, dn, tw, ti, gus, dns), kw = _inputs(D, I, 5, 3, block, limit, seed=D + I, invalid=invalid)
+    pw, pe = {}, {}
+    out = mx.fused_experts_fp8_mma(x, gu, dn, tw, ti, gus, dns, block, swiglu_limit=limit, mode="wgmma",
+                                   block_n=16, stages=2, parts=pw)
+    mx.fused_experts_fp8_mma(x, gu, dn, tw, ti, gus, dns, block, swiglu_limit=limit, mode="e4m3", parts=pe)
+    assert rel_err(pw["h"].float(), pe["h"].float()) < 8e-3
+    ha = _q(pw["h"], block_dims(block, I)[1], "e4m3")
+    for j in range(3):
+        e = int(ti[0, j])
+        if not 0 <= e < 5:
+            assert torch.all(pw["y"][j] == 0)
+            continue
+        assert rel_err(pw["y"][j], tw[0, j] * (dequantize_fp8(dn[e], dns[e], block) @ ha[j])) < 1e-6
+    assert rel_err(out, fe8.fused_experts_fp8_native(x, gu, dn, tw, ti, gus, dns, **kw)) < 1e-1
+
+
+@interp
 def test_install_routes_triton_gemv():
     """Through dispatch: the op's cached choice (made before install) gives way to the probe, and back."""
     (x, gu, dn, tw, ti, gus, dns), kw = _inputs(256, 128, 6, 3, (128, 128))
@@ -108,13 +131,19 @@ def test_install_routes_triton_gemv():
 
 
 @pytest.mark.skipif(platform.interpreting(), reason="compiles for a stand-in sm_90 (no interpreter)")
-@pytest.mark.parametrize("mode", ["f16", "e4m3"])
+@pytest.mark.parametrize("mode", ["f16", "e4m3", "wgmma"])
 def test_sm90_builds(mode):
+    """At Kimi's shapes the kernels build for sm_90 without spills, keep PDL's contract and use shared memory only
+    for the warps' sum -- or, wgmma, QGMMA on fp8 with the weight tiles staged by cp.async."""
+    import subprocess
+    import tempfile
+    import triton
     from kernelgate.tools import compile_stand_in as cs
     if cs.available("sm_90"):
         pytest.skip(cs.available("sm_90"))
     (x, gu, dn, tw, ti, gus, dns), kw = _inputs(2304, 1024, 4, 3, (128, 128))
-    for kern in (mx.mg._prep_kernel, mx._gate_up_kernel, mx._down_kernel):
+    kernels = (mx._wg_gate_up_kernel, mx._wg_down_kernel) if mode == "wgmma" else (mx._gate_up_kernel, mx._down_kernel)
+    for kern in (mx.mg._prep_kernel, *kernels):
         kern.device_caches.clear()
     with cs.targeting("sm_90") as rec:
         rec.begin({"specs": []})
@@ -122,18 +151,18 @@ def test_sm90_builds(mode):
         specs = rec.row["specs"]
     # (the second prep, of h, is the first's specialisation: listed once; sum_slots' kernel only where this
     # process had not built it yet)
-    assert [sp["kernel"] for sp in specs][:3] == ["_prep_kernel", "_gate_up_kernel", "_down_kernel"]
+    assert [sp["kernel"] for sp in specs][:3] == ["_prep_kernel", *(k.fn.__name__ for k in kernels)]
     assert not any(sp["problem"] for sp in specs), specs
-    assert all(sp["shared"] <= 2048 for sp in specs), specs
-    import subprocess
-    import tempfile
-    import triton
+    if mode != "wgmma":
+        assert all(sp["shared"] <= 2048 for sp in specs), specs
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    for kern in (mx._gate_up_kernel, mx._down_kernel):
+    for kern in kernels:
         for c in kern.device_caches.values():
             for k in c[0].values():
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(k.asm["cubin"])
                     f.flush()
                     use = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+                    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
                 assert "STACK:0" in use and "LOCAL:0" in use, use          # no spills
+                assert ("QGMMA" in sass and "LDGSTS" in sass) if mode == "wgmma" else "HMMA.16816.F32" in sass
