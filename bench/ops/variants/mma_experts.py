@@ -250,6 +250,8 @@ def unsupported(x, w_gate_up, w_down, block_size) -> str | None:
         return f"T = {T}: the probe takes one token"
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"x dtype {x.dtype}: the probe takes 16-bit activations"
+    if x.stride(1) != 1:
+        return "x's columns are not contiguous (the prep reads rows of contiguous values)"
     for name, w, K in (("w_gate_up", w_gate_up, D), ("w_down", w_down, I)):
         if K % mg.STEP:
             return f"{name}: K = {K} is not a multiple of {mg.STEP}"

@@ -367,6 +367,8 @@ def unsupported(x, weight, weight_scale, block_size) -> str | None:
         return f"T = {T}: the probe takes 1-8 tokens (an mma's 8 columns)"
     if K % STEP:
         return f"K = {K} is not a multiple of {STEP}"
+    if x.stride(1) != 1:
+        return "x's columns are not contiguous (the prep reads rows of contiguous values)"
     if weight.stride() != (K, 1) or weight.data_ptr() % 8:
         return "the weight is not a contiguous row-major tensor on an 8-byte boundary"
     bn, bk = block_dims(block_size, K)

@@ -110,6 +110,8 @@ def test_unsupported_says_why():
     assert "1-8 tokens" in mg.unsupported(x, w, s, block)
     x, w, s, block = _inputs(1, 16, 256, (128, 96), 0)
     assert "bk a multiple of 64" in mg.unsupported(x, w, s, block)
+    x, w, s, block = _inputs(1, 16, 256, (128, 128), 0)
+    assert "not contiguous" in mg.unsupported(torch.cat([x, x], 1)[:, ::2], w, s, block)
 
 
 @pytest.mark.skipif(platform.interpreting(), reason="compiles for a stand-in sm_90 (no interpreter)")
