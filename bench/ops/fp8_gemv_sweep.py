@@ -85,6 +85,16 @@ def linear_grid(quick):
             if 16 <= c[0] * c[1] // (32 * c[2]) <= 256]
 
 
+def cold_shape(dev, bw, N: int, K: int):
+    """(x, w, s, kw, floor µs, copies): one token and a block-FP8 weight of N x K, its floor at the copy rate,
+    and copies of the weight that together pass the L2 (>= 256 MB) for cold_us."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
+    floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
+    copies = [(x, w, s)] + [(x, w.clone(), s.clone()) for _ in range(max(1, -(-(256 << 20) // w.numel()) - 1))]
+    return x, w, s, kw, floor_us, copies
+
+
 def linear(dev, bw, quick, shapes=None, forms=(None,)):
     """forms: None (dispatch's kernel) or gemv_inflight.install arguments (prefetch, tiles ahead)."""
     print("| shape | form | launch (R, C, warps) | codes a step | exchange-free | µs | of floor | bf16 err | fp32 err |")
@@ -92,12 +102,9 @@ def linear(dev, bw, quick, shapes=None, forms=(None,)):
     for name, (N, K) in SHAPES.items():
         if shapes and name not in shapes:
             continue
-        gen = torch.Generator(device=dev).manual_seed(0)
-        (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
+        x, w, s, kw, floor_us, copies = cold_shape(dev, bw, N, K)
         ref = fl.fp8_linear_native(x, w, s, **kw)
         ref32 = fl.fp8_linear_native(x.float(), w, s, **kw)
-        floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
-        copies = [(x, w, s)] + [(x, w.clone(), s.clone()) for _ in range(max(1, -(-(256 << 20) // w.numel()) - 1))]
         us = cold_us(flt.fp8_linear_triton, copies, dev)
         print(f"| {name} | dispatched | {gt.launch(platform.current())} | | | {us:.1f} | {floor_us / us:.2f} | "
               f"{rel_err(flt.fp8_linear_triton(x, w, s), ref):.1e} | |", flush=True)
@@ -134,10 +141,7 @@ def mma_linear(dev, bw, shapes=None):
     for name, (N, K) in SHAPES.items():
         if shapes and name not in shapes:
             continue
-        gen = torch.Generator(device=dev).manual_seed(0)
-        (x, w, s), kw = fl.make_inputs(1, N, K, (128, 128), torch.bfloat16, dev, gen)
-        floor_us = (w.numel() + s.numel() * 4) / (bw * 1e9) * 1e6
-        copies = [(x, w, s)] + [(x, w.clone(), s.clone()) for _ in range(max(1, -(-(256 << 20) // w.numel()) - 1))]
+        x, w, s, kw, floor_us, copies = cold_shape(dev, bw, N, K)
         us = cold_us(flt.fp8_linear_triton, copies, dev)
         print(f"| {name} | dispatched GEMV | | {us:.1f} | {floor_us / us:.2f} | |", flush=True)
         wd = dequantize_fp8(w, s, (128, 128))
