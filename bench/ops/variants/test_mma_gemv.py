@@ -29,6 +29,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 import mma_gemv as mg  # noqa: E402
 
 interp = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
+# the parity tests run on the GPU too (the real mma instructions; the device session's first check)
+DEV = "cuda" if torch.cuda.is_available() and not platform.interpreting() else "cpu"
+on_either = pytest.mark.skipif(DEV == "cpu" and not platform.interpreting(),
+                               reason="needs TRITON_INTERPRET=1 (CPU) or an NVIDIA GPU (sm_89+)")
+TOL = 1e-6 if DEV == "cpu" else 1e-5      # (the tensor cores' fp32 accumulation is not IEEE add by add)
 
 # (N, K, block): 18 K blocks (a partial last round of warps); one K block; per channel; K = 320 and 192, whose
 # last K block is half a block; 256-wide blocks (4 steps an iteration) with 16-row scale blocks
@@ -36,38 +41,39 @@ SHAPES = [(40, 2304, (128, 128)), (24, 128, (128, 128)), (33, 192, None), (16, 3
           (20, 192, (128, 128)), (48, 1024, (16, 256))]
 
 
-def _inputs(T, N, K, block, seed):
+def _inputs(T, N, K, block, seed, dev="cpu"):
     gen = torch.Generator().manual_seed(seed)
     (x, w, s), kw = fl.make_inputs(T, N, K, block, torch.bfloat16, "cpu", gen)
-    return x, w, s, kw["block_size"]
+    return x.to(dev), w.to(dev), s.to(dev), kw["block_size"]
 
 
-@interp
+@on_either
 @pytest.mark.parametrize("N,K,block", SHAPES)
 @pytest.mark.parametrize("T,nw", [(1, 4), (3, 1), (8, 4)])
 def test_e4m3_matches_the_w8a8_definition(N, K, block, T, nw):
-    x, w, s, block = _inputs(T, N, K, block, N * K + T)
+    x, w, s, block = _inputs(T, N, K, block, N * K + T, DEV)
     assert mg.unsupported(x, w, s, block) is None
-    y = mg.fp8_linear_mma(x, w, s, block, mode="e4m3", num_warps=nw, out=torch.empty(T, N))
-    xq, xs = quantize_fp8_groups(x.float(), block_dims(block, K)[1])
-    ref = dequantize_fp8(xq, xs, (1, block_dims(block, K)[1])) @ dequantize_fp8(w, s, block).t()
-    assert rel_err(y, ref) < 1e-6
+    y = mg.fp8_linear_mma(x, w, s, block, mode="e4m3", num_warps=nw, out=torch.empty(T, N, device=DEV))
+    xq, xs = quantize_fp8_groups(x.cpu().float(), block_dims(block, K)[1])
+    ref = dequantize_fp8(xq, xs, (1, block_dims(block, K)[1])) @ dequantize_fp8(w.cpu(), s.cpu(), block).t()
+    assert rel_err(y.cpu(), ref) < TOL
     yb = mg.fp8_linear_mma(x, w, s, block, mode="e4m3", num_warps=nw)
     assert yb.dtype == torch.bfloat16 and rel_err(yb, flt.fp8_linear_w8a8(x, w, s, block)) < 1e-2
 
 
-@interp
+@on_either
 @pytest.mark.parametrize("N,K,block", SHAPES)
 @pytest.mark.parametrize("T,nw", [(1, 4), (3, 1), (8, 4)])
 def test_f16_matches_the_definition(N, K, block, T, nw):
-    x, w, s, block = _inputs(T, N, K, block, N * K + T + 1)
+    x, w, s, block = _inputs(T, N, K, block, N * K + T + 1, DEV)
     x[0, 5] = 3e4                                   # a large value: the token's power of two keeps it in fp16
     if T > 1:
         x[1] *= 1e-6                                # a small token: no fp16 underflow either
-    y = mg.fp8_linear_mma(x, w, s, block, mode="f16", num_warps=nw, out=torch.empty(T, N))
-    assert rel_err(y, x.float() @ dequantize_fp8(w, s, block).t()) < 1e-6
+    y = mg.fp8_linear_mma(x, w, s, block, mode="f16", num_warps=nw, out=torch.empty(T, N, device=DEV)).cpu()
+    wd = dequantize_fp8(w.cpu(), s.cpu(), block)
+    assert rel_err(y, x.cpu().float() @ wd.t()) < TOL
     for i in range(T):
-        assert rel_err(y[i], x[i].float() @ dequantize_fp8(w, s, block).t()) < 1e-6
+        assert rel_err(y[i], x[i].cpu().float() @ wd.t()) < TOL
 
 
 @interp
