@@ -27,13 +27,8 @@ from kernelgate.tools.testing import rel_err
 
 sys.path.insert(0, os.path.dirname(__file__))
 import mma_experts as mx  # noqa: E402
+from test_mma_gemv import DEV, TOL, interp, on_either  # noqa: E402  (where the parity tests run, and their bound)
 
-interp = pytest.mark.skipif(not platform.interpreting(), reason="CPU tensors: needs TRITON_INTERPRET=1")
-# the parity tests run on the GPU too (the real mma / wgmma instructions)
-DEV = "cuda" if torch.cuda.is_available() and not platform.interpreting() else "cpu"
-on_either = pytest.mark.skipif(DEV == "cpu" and not platform.interpreting(),
-                               reason="needs TRITON_INTERPRET=1 (CPU) or an NVIDIA GPU (sm_89+)")
-TOL = 1e-6 if DEV == "cpu" else 1e-5      # (the tensor cores' fp32 accumulation is not IEEE add by add)
 # Hopper's fp8 wgmma keeps ~14 bits while it accumulates inside an instruction chain (DeepSeek-V3 report, 3.3.2):
 # our tl.dot over 128 codes is such a chain, promoted to fp32 registers per K block
 TOL_FP8_MMA = 1e-6 if DEV == "cpu" else 2e-3
