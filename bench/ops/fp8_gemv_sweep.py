@@ -5,16 +5,14 @@ decode shapes: fp8_linear's GEMV (R rows a program, C codes a K step, warps) and
 
     PYTHONPATH=. python bench/ops/fp8_gemv_sweep.py [--linear] [--experts] [--quick] [--dot] [--masked] [--bf16]
         [--shapes "KDA in_proj,MLA q_proj"] [--forms "ahead=2;ahead=3;ahead=2,pf_bytes=4096"]
-        [--decode int] [--mma]
+        [--decode int]
 
 --bf16: the experts sweep on bf16 weights instead (the bf16 experts' one-token form,
 moe/fused_experts_words_triton.py: the FP8 GEMV's kernels on int64 words of 4 values). --masked: K steps of C
 codes where they do not tile K (last step masked), C up to 2,048 (Session 31: no gain for the experts).
 --decode int: the codes decoded with integer ops on every device instead of the PTX conversions (Session 35:
-slower on the H200, Kimi experts 22.3 -> 29.5 µs). --mma: the projections and the experts on the matrix units
-instead (bench/ops/variants/mma_gemv.py, mma_experts.py: operands from registers; f16 / e4m3 modes, 2-16 warps a
-program; the times include the prep launches of the token and of h), and the projections through the package's
-triton_w8a8 kernel with 64-row token tiles (wgmma on fp8 on sm_90). --forms: the projections also with
+slower on the H200, Kimi experts 22.3 -> 29.5 µs).
+--forms: the projections also with
 bench/ops/variants/gemv_inflight.py's forms (weight tiles 2-3 steps ahead, an L2 prefetch of the rows). The
 linear table says for each launch whether its step keeps the activations in registers on sm_90 (exchange-free:
 C / 4 < 32 x warps; else a shared-memory exchange every step).
@@ -41,7 +39,6 @@ from fused_experts_gemv_sweep import with_shared  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants"))
 import gemv_inflight as gi  # noqa: E402
-import mma_gemv as mg  # noqa: E402
 
 from kernelgate import platform  # noqa: E402
 from kernelgate.ops.moe import fused_experts as fe  # noqa: E402
@@ -132,60 +129,6 @@ def linear(dev, bw, quick, shapes=None, forms=(None,)):
                 gi.uninstall()
 
 
-def mma_linear(dev, bw, shapes=None):
-    """mma_gemv.fp8_linear_mma at one token beside the dispatched GEMV, weights cold; each launch checked first:
-    f16 against the definition (fp32 out, exact products: 1e-6), e4m3 against the w8a8 definition."""
-    from kernelgate.ops.quant.fp8_weights import dequantize_fp8, quantize_fp8_groups
-    print("| shape | form | warps | µs | of floor | fp32-out err |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, (N, K) in SHAPES.items():
-        if shapes and name not in shapes:
-            continue
-        x, w, s, kw, floor_us, copies = cold_shape(dev, bw, N, K)
-        us = cold_us(flt.fp8_linear_triton, copies, dev)
-        print(f"| {name} | dispatched GEMV | | {us:.1f} | {floor_us / us:.2f} | |", flush=True)
-        wd = dequantize_fp8(w, s, (128, 128))
-        xq, xs = quantize_fp8_groups(x.float(), 128)
-        refs = {"f16": x.float() @ wd.t(), "e4m3": dequantize_fp8(xq, xs, (1, 128)) @ wd.t()}
-        n_it = K // 128
-        for mode in ("f16", "e4m3"):                  # the token's prep alone (part of every mma time below)
-            us = benchmark.graph_us(lambda: mg.prep(x, mg.MODES[mode], 128), dev)
-            print(f"| {name} | prep of the token, {mode} | | {us:.1f} | | |", flush=True)
-        for mode, warps in itertools.product(("f16", "e4m3"), (0, 2, 4, 8, 16)):
-            if warps > n_it:
-                continue
-            nw = warps or mg.warps_for(N, n_it)
-            row = f"| {name} | mma {mode} | {nw}{' (auto)' if not warps else ''} |"
-            try:
-                err = rel_err(mg.fp8_linear_mma(x, w, s, mode=mode, num_warps=nw, out=torch.empty(1, N, device=dev)),
-                              refs[mode])
-            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
-                print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
-                continue
-            if err > 1e-5:
-                print(f"{row} wrong | | {err:.1e} |")
-                continue
-            us = cold_us(mg.fp8_linear_mma, copies, dev, mode=mode, num_warps=nw)
-            print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
-        # the package's w8a8 kernel with 64-row token tiles: on sm_90 its tl.dot is wgmma on fp8 (QGMMA, weight
-        # tiles staged by cp.async; the token padded to 64 rows, quantized by a launch of its own) -- never timed
-        # at one token before (Session 25's w8a8 probe used 16-row tiles: mma.sync, which sm_90 emulates)
-        ref8 = refs["e4m3"].to(torch.bfloat16)
-        for bn, wp, st in itertools.product((16, 32, 64, 128), (4,), (3, 4, 6)):
-            cfg = dict(BLOCK_M=64, BLOCK_N=bn, BLOCK_K=128, num_warps=wp, num_stages=st)
-            row = f"| {name} | triton_w8a8 BLOCK_M 64, BLOCK_N {bn}, {st} stages | {wp} |"
-            try:
-                err = rel_err(flt.fp8_linear_w8a8(x, w, s, **cfg), ref8)
-            except Exception as e:  # noqa: BLE001 - out of resources: the next launch
-                print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
-                continue
-            if err > 1e-2:
-                print(f"{row} wrong | | {err:.1e} |")
-                continue
-            us = cold_us(flt.fp8_linear_w8a8, copies, dev, **cfg)
-            print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
-
-
 def experts(dev, bw, quick, qwen, bf16=False, forms=(None,)):
     """FP8 experts (fused_experts_fp8's GEMV), or with bf16 the bf16 experts' one-token word form
     (fused_experts_words_triton: the FP8 GEMV's kernels on int64 words of 4 values); forms as for linear()."""
@@ -213,45 +156,6 @@ def experts(dev, bw, quick, qwen, bf16=False, forms=(None,)):
             _experts_launches(gemv, cfg, args, args32, ref, ref32, routings, kw, floor_us, dev, quick, qwen, bf16)
         finally:
             gi.uninstall()
-
-
-def mma_experts(dev, bw, qwen):
-    """mma_experts.fused_experts_fp8_mma at one token (+ the shared expert) beside the dispatched GEMV, 16
-    routings cycled; each launch checked first against the definition (f16: 2e-2 in bf16; e4m3: 1e-1, its x
-    and h rounded to e4m3)."""
-    import mma_experts as mx
-    D, I = (2048, 512) if qwen else (2304, 1024)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    args, kw = fe8.make_inputs(1, D, I, 256, 8, torch.bfloat16, dev, gen)
-    args = with_shared(args)
-    routings = [args]
-    for _ in range(15):
-        ids = torch.randperm(256, generator=gen, device=dev)[None, :8].to(args[4].dtype)
-        routings.append((*args[:4], torch.cat([ids, args[4][:, -1:]], 1), *args[5:]))
-    ref = fe8.fused_experts_fp8_native(*args, **kw)
-    floor_us = fe8._bytes(args, kw) / (bw * 1e9) * 1e6
-    us = cold_us(gv8.fused_experts_fp8_gemv, routings, dev, **kw)
-    print(f"\nFP8 experts at one token ({'Qwen3.5-MoE' if qwen else 'Kimi'} + shared) on mma_experts: floor "
-          f"{floor_us:.1f} µs; dispatched GEMV {us:.1f} µs ({floor_us / us:.2f})")
-    print("| mode | gate/up warps (wgmma: rows a program) | down warps (wgmma: stages) | µs | of floor | bf16 err |")
-    print("|---|---:|---:|---:|---:|---:|")
-    launches = [(m, gw, dw) for m, gw, dw in itertools.product(("f16", "e4m3"), (0, 2, 4, 8), (0, 2, 4, 8))
-                if (gw == 0) == (dw == 0)]
-    launches += [("wgmma", bn, st) for bn, st in itertools.product((16, 32, 64), (3, 4, 6))]
-    for mode, gw, dw in launches:
-        mkw = dict(kw, mode=mode, gate_up_warps=gw, down_warps=dw) if mode != "wgmma" else \
-            dict(kw, mode=mode, block_n=gw, stages=dw)
-        row = f"| {mode} | {gw or 'auto'} | {dw or 'auto'} |"
-        try:
-            err = rel_err(mx.fused_experts_fp8_mma(*args, **mkw), ref)
-        except Exception as e:  # noqa: BLE001
-            print(f"{row} ({type(e).__name__}: {str(e)[:60]}) | | |")
-            continue
-        if err > (2e-2 if mode == "f16" else 1e-1):           # (e4m3, wgmma: x and h rounded to e4m3)
-            print(f"{row} wrong | | {err:.1e} |")
-            continue
-        us = cold_us(mx.fused_experts_fp8_mma, routings, dev, **mkw)
-        print(f"{row} {us:.1f} | {floor_us / us:.2f} | {err:.1e} |", flush=True)
 
 
 def _experts_launches(gemv, cfg, args, args32, ref, ref32, routings, kw, floor_us, dev, quick, qwen, bf16):
@@ -399,7 +303,6 @@ def main() -> int:
     ap.add_argument("--decode", choices=("dispatch", "int"), default="dispatch",
                     help="int: decode the codes with integer ops on every device (no inline PTX), to see whether "
                          "the conversion instructions bound the loop")
-    ap.add_argument("--mma", action="store_true", help="on the matrix units (variants/mma_gemv.py, mma_experts.py)")
     a = ap.parse_args()
     if a.decode == "int":
         gt.ptx_decode = gv8.ptx_decode = lambda plat: False
@@ -418,16 +321,12 @@ def main() -> int:
     if a.linear or both:
         if a.dot:
             dot_linear(dev, bw, a.quick)
-        elif a.mma:
-            mma_linear(dev, bw, [n.strip() for n in a.shapes.split(",") if n.strip()])
         else:
             linear(dev, bw, a.quick, [n.strip() for n in a.shapes.split(",") if n.strip()], forms)
     if a.experts or both:
         for qwen in (False, True):
             if a.dot:
                 dot_experts(dev, bw, a.quick, qwen)
-            elif a.mma:
-                mma_experts(dev, bw, qwen)
             else:
                 experts(dev, bw, a.quick, qwen, a.bf16, forms)
     return 0
